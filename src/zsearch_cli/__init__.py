@@ -1,0 +1,2 @@
+"""zsearch: train LLM search agents."""
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Corpus and QA loaders, and the bundled demo data."""

@@ -1,0 +1,94 @@
+"""QA loaders: FlashRAG jsonl, Search-R1 Parquet, and our own QA artifact.
+
+``--datasets all`` means the seven benchmarks of the papers with the splits of
+FORMULAS.md §6, looked up as files under ``--data-dir`` in FlashRAG's layout
+(``DATA_DIR/nq/test.jsonl``) or a flat one (``DATA_DIR/nq_test.jsonl``/``.parquet``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from zsearch_cli.errors import ZsearchError
+from zsearch_cli.schemas import QA, file_kind, read_artifact, read_parquet, validate
+
+# The evaluation splits of FORMULAS.md §6: NQ/TriviaQA/PopQA/Bamboogle test, the rest dev.
+BENCHMARK_SPLITS: dict[str, str] = {
+    "nq": "test",
+    "triviaqa": "test",
+    "popqa": "test",
+    "hotpotqa": "dev",
+    "2wikimultihopqa": "dev",
+    "musique": "dev",
+    "bamboogle": "test",
+}
+HUB_REPO = "RUC-NLPIR/FlashRAG_datasets"
+
+
+def _from_search_r1(table: pa.Table, path: Path) -> pa.Table:
+    """Search-R1's training Parquet: question in ``question`` or extra_info, golds in
+    ``reward_model.ground_truth.target``."""
+    rows: list[dict[str, Any]] = []
+    for i, rec in enumerate(table.to_pylist()):
+        rm = rec.get("reward_model") or {}
+        gt = (rm.get("ground_truth") or {}) if isinstance(rm, dict) else {}
+        target = gt.get("target") if isinstance(gt, dict) else None
+        if target is None:
+            raise ZsearchError(f"{path}: row {i}: column 'reward_model.ground_truth.target' is missing")
+        if isinstance(target, str):
+            target = [target]
+        question = rec.get("question")
+        extra = rec.get("extra_info") or {}
+        if question is None and isinstance(extra, dict):
+            question = extra.get("question")
+        if question is None:
+            raise ZsearchError(f"{path}: row {i}: no 'question' column (nor extra_info.question)")
+        doc_id = rec.get("id") or (extra.get("index") if isinstance(extra, dict) else None)
+        meta = {"data_source": rec.get("data_source")} if rec.get("data_source") else {}
+        rows.append({
+            "id": str(doc_id if doc_id is not None else i),
+            "question": question,
+            "golden_answers": [str(t) for t in list(target)],
+            "metadata": json.dumps(meta),
+        })
+    return validate(pa.Table.from_pylist(rows, schema=QA.schema), QA, path)
+
+
+def load_qa(path: str | Path) -> pa.Table:
+    """Load a QA file in any supported form, validated against the QA artifact."""
+    path = Path(path)
+    if file_kind(path) == "parquet":
+        table = read_parquet(path)
+        if "reward_model" in table.column_names and "golden_answers" not in table.column_names:
+            return _from_search_r1(table, path)
+        if "metadata" in table.column_names and not pa.types.is_string(table.schema.field("metadata").type):
+            meta = [json.dumps(m, default=str) if m is not None else None for m in table.column("metadata").to_pylist()]
+            table = table.set_column(table.column_names.index("metadata"), "metadata", pa.array(meta, pa.string()))
+        return validate(table, QA, path)
+    return read_artifact(path, QA)
+
+
+def find_dataset_file(name: str, split: str, data_dir: Path) -> Path:
+    """The file for one benchmark under ``data_dir``, or an error saying where to put it."""
+    candidates = []
+    for ext in (".jsonl", ".jsonl.gz", ".parquet"):
+        candidates += [data_dir / name / f"{split}{ext}", data_dir / f"{name}_{split}{ext}", data_dir / f"{name}{ext}"]
+    for cand in candidates:
+        if cand.is_file():
+            return cand
+    raise ZsearchError(
+        f"dataset '{name}' ({split} split) not found under {data_dir}: put FlashRAG's file at "
+        f"{data_dir / name / (split + '.jsonl')} (from the hub dataset {HUB_REPO}, folder {name}/)"
+    )
+
+
+def resolve_datasets(spec: str) -> list[str]:
+    """``'all'`` or a comma list -> benchmark names, checked against the known seven."""
+    if spec.strip() == "all":
+        return list(BENCHMARK_SPLITS)
+    names = [s.strip().lower() for s in spec.split(",") if s.strip()]
+    return names

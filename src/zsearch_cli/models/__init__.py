@@ -1,0 +1,1 @@
+"""Model loading and generation backends (HF transformers, vLLM)."""

@@ -1,0 +1,1 @@
+"""Indexes (BM25, dense, hybrid), the retrieval server and its client."""

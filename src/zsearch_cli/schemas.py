@@ -1,0 +1,333 @@
+"""Every Parquet artifact zsearch reads or writes, declared in one place.
+
+Each artifact is an :class:`Artifact`: a pyarrow schema plus the checks its rows
+must pass. Stages never call ``pq.read_table``/``pq.write_table`` themselves; they use
+:func:`read_artifact` (which validates and names file, column and row on error) and
+:func:`write_artifact` / :class:`ArtifactWriter` (atomic, with the resolved config
+and the zsearch version in the Parquet key-value metadata).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from zsearch_cli import __version__
+from zsearch_cli.errors import ZsearchError
+
+META_VERSION = b"zsearch.version"
+META_ARTIFACT = b"zsearch.artifact"
+META_CONFIG = b"zsearch.config"
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """A named table layout and the row-level rules its input must satisfy."""
+
+    name: str
+    schema: pa.Schema
+    unique: str | None = None
+    """Column whose values must be unique (usually ``id``)."""
+    nonempty: tuple[str, ...] = ()
+    """String columns that must not be empty or whitespace."""
+    optional: frozenset[str] = field(default_factory=frozenset)
+    """Columns that may be absent on input; they are filled with nulls."""
+
+
+_str = pa.string()
+_strs = pa.list_(pa.string())
+_i32s = pa.list_(pa.int32())
+_f32s = pa.list_(pa.float32())
+
+CORPUS = Artifact(
+    "corpus",
+    pa.schema([("id", _str), ("title", _str), ("text", _str)]),
+    unique="id",
+)
+
+QA = Artifact(
+    "qa",
+    pa.schema([
+        ("id", _str),
+        ("question", _str),
+        ("golden_answers", _strs),
+        ("metadata", _str),  # JSON object as text; free-form (type, supporting ids, hop, ...)
+    ]),
+    unique="id",
+    nonempty=("question",),
+    optional=frozenset({"metadata"}),
+)
+
+ALL_ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (CORPUS, QA)}
+
+
+def register(artifact: Artifact) -> Artifact:
+    """Add an artifact declared next to these (kept here so one module lists them all)."""
+    ALL_ARTIFACTS[artifact.name] = artifact
+    return artifact
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _type_ok(actual: pa.DataType, expected: pa.DataType) -> bool:
+    if actual == expected or pa.types.is_null(actual):
+        return True
+    if pa.types.is_string(expected) and (pa.types.is_large_string(actual) or pa.types.is_string(actual)):
+        return True
+    if pa.types.is_integer(expected) and pa.types.is_integer(actual):
+        return True
+    if pa.types.is_floating(expected) and (pa.types.is_floating(actual) or pa.types.is_integer(actual)):
+        return True
+    if pa.types.is_list(expected) or pa.types.is_large_list(expected):
+        if pa.types.is_list(actual) or pa.types.is_large_list(actual):
+            return _type_ok(actual.value_type, expected.value_type)
+        return False
+    return False
+
+
+def _describe(t: pa.DataType) -> str:
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return f"a list of {_describe(t.value_type)}"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "a string"
+    return str(t)
+
+
+def validate(table: pa.Table, artifact: Artifact, source: str | os.PathLike) -> pa.Table:
+    """Check ``table`` against ``artifact`` and return it cast to the artifact's schema.
+
+    Raises :class:`ZsearchError` naming ``source``, the column and the first bad row.
+    """
+    src = str(source)
+    if table.num_rows == 0:
+        raise ZsearchError(f"{src}: file has no rows (expected a {artifact.name} table)")
+    cols = []
+    for fld in artifact.schema:
+        if fld.name not in table.column_names:
+            if fld.name in artifact.optional:
+                cols.append(pa.nulls(table.num_rows, fld.type))
+                continue
+            have = ", ".join(table.column_names)
+            raise ZsearchError(f"{src}: missing column '{fld.name}' (a {artifact.name} table needs it; found: {have})")
+        col = table.column(fld.name)
+        if not _type_ok(col.type, fld.type):
+            bad_row = _first_bad_type_row(col, fld.type)
+            where = f" (row {bad_row})" if bad_row is not None else ""
+            raise ZsearchError(
+                f"{src}: column '{fld.name}' must be {_describe(fld.type)}, got {_describe(col.type)}{where}"
+            )
+        try:
+            cols.append(col.cast(fld.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
+            raise ZsearchError(f"{src}: column '{fld.name}' cannot be read as {_describe(fld.type)}: {err}") from None
+    out = pa.Table.from_arrays(cols, schema=artifact.schema)
+    for name in artifact.nonempty + ((artifact.unique,) if artifact.unique else ()):
+        col = out.column(name)
+        nulls = pc.is_null(col)
+        if pc.any(nulls).as_py():
+            raise ZsearchError(f"{src}: row {_first_true(nulls)}: column '{name}' is missing (null)")
+        if name in artifact.nonempty:
+            empty = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(col)), 0)
+            if pc.any(empty).as_py():
+                raise ZsearchError(f"{src}: row {_first_true(empty)}: column '{name}' is empty")
+    if artifact.unique:
+        _check_unique(out.column(artifact.unique), artifact.unique, src)
+    return out
+
+
+def _first_true(mask: pa.ChunkedArray | pa.Array) -> int:
+    return int(pc.index(mask, True).as_py())
+
+
+def _first_bad_type_row(col: pa.ChunkedArray, expected: pa.DataType) -> int | None:
+    # Mixed JSON types are read as strings/structs by the jsonl loader; find the first row
+    # whose python value does not fit so the message can point at it.
+    for i, value in enumerate(col.to_pylist()):
+        if value is None:
+            continue
+        if pa.types.is_list(expected) and not isinstance(value, list):
+            return i
+        if pa.types.is_string(expected) and not isinstance(value, str):
+            return i
+    return None
+
+
+def _check_unique(col: pa.ChunkedArray, name: str, src: str) -> None:
+    counts = pc.value_counts(col)
+    dup_mask = pc.greater(counts.field("counts"), 1)
+    if pc.any(dup_mask).as_py():
+        value = pc.filter(counts.field("values"), dup_mask)[0].as_py()
+        rows = pc.indices_nonzero(pc.equal(col, value)).to_pylist()
+        raise ZsearchError(f"{src}: column '{name}' has duplicate value {value!r} (rows {rows[0]} and {rows[1]})")
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Yield ``(row, object)`` from a ``.jsonl`` or ``.jsonl.gz`` file, skipping blank lines."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as fh:
+            row = 0
+            for lineno, line in enumerate(fh, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as err:
+                    raise ZsearchError(f"{path}: line {lineno}: not valid JSON ({err.msg})") from None
+                if not isinstance(obj, dict):
+                    raise ZsearchError(f"{path}: line {lineno}: expected a JSON object, got {type(obj).__name__}")
+                yield row, obj
+                row += 1
+    except (OSError, EOFError, UnicodeDecodeError) as err:
+        raise ZsearchError(f"{path}: cannot read as jsonl ({err})") from None
+
+
+def file_kind(path: Path) -> str:
+    """``'parquet'`` or ``'jsonl'`` by name; a clear error for anything else or a missing file."""
+    path = Path(path)
+    if not path.exists():
+        raise ZsearchError(f"{path}: no such file")
+    if path.is_dir():
+        raise ZsearchError(f"{path}: is a directory, expected a .parquet or .jsonl file")
+    if path.stat().st_size == 0:
+        raise ZsearchError(f"{path}: file is empty")
+    name = path.name.lower()
+    if name.endswith(".parquet"):
+        return "parquet"
+    if name.endswith((".jsonl", ".jsonl.gz", ".json", ".json.gz")):
+        return "jsonl"
+    raise ZsearchError(f"{path}: unknown file type (expected .parquet, .jsonl or .jsonl.gz)")
+
+
+def read_parquet(path: Path) -> pa.Table:
+    try:
+        return pq.read_table(path, memory_map=True)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise ZsearchError(f"{path}: not a readable Parquet file ({err})") from None
+
+
+def rows_to_table(rows: list[dict[str, Any]], artifact: Artifact, source: Path) -> pa.Table:
+    """Build a table from python rows, naming the row of the first value of the wrong type."""
+    data: dict[str, list[Any]] = {}
+    for fld in artifact.schema:
+        values = []
+        for i, row in enumerate(rows):
+            v = row.get(fld.name)
+            if fld.name == "metadata" and v is not None and not isinstance(v, str):
+                v = json.dumps(v, ensure_ascii=False, sort_keys=True)
+            if v is not None:
+                if pa.types.is_list(fld.type) and not isinstance(v, list):
+                    raise ZsearchError(
+                        f"{source}: row {i}: column '{fld.name}' must be {_describe(fld.type)}, got {type(v).__name__}"
+                    )
+                if pa.types.is_string(fld.type) and not isinstance(v, str):
+                    raise ZsearchError(f"{source}: row {i}: column '{fld.name}' must be a string, got {type(v).__name__}")
+            values.append(v)
+        if all(v is None for v in values) and fld.name not in artifact.optional and fld.name not in rows[0]:
+            raise ZsearchError(f"{source}: missing column '{fld.name}' (a {artifact.name} table needs it)")
+        try:
+            data[fld.name] = pa.array(values, type=fld.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+            raise ZsearchError(f"{source}: column '{fld.name}' has a value of the wrong type ({err})") from None
+    return pa.table(data, schema=artifact.schema)
+
+
+def read_artifact(path: str | os.PathLike, artifact: Artifact) -> pa.Table:
+    """Read a Parquet or jsonl file as ``artifact``, validated."""
+    path = Path(path)
+    if file_kind(path) == "parquet":
+        table = read_parquet(path)
+    else:
+        rows = [obj for _, obj in iter_jsonl(path)]
+        if not rows:
+            raise ZsearchError(f"{path}: file has no rows (expected a {artifact.name} table)")
+        table = rows_to_table(rows, artifact, path)
+    return validate(table, artifact, path)
+
+
+def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
+    """The zsearch metadata of a Parquet file: version, artifact and resolved config."""
+    meta = pq.read_schema(path).metadata or {}
+    out: dict[str, Any] = {}
+    if META_VERSION in meta:
+        out["version"] = meta[META_VERSION].decode()
+    if META_ARTIFACT in meta:
+        out["artifact"] = meta[META_ARTIFACT].decode()
+    if META_CONFIG in meta:
+        out["config"] = json.loads(meta[META_CONFIG])
+    return out
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _metadata(artifact: Artifact, config: dict[str, Any] | None) -> dict[bytes, bytes]:
+    return {
+        META_VERSION: __version__.encode(),
+        META_ARTIFACT: artifact.name.encode(),
+        META_CONFIG: json.dumps(config or {}, default=str, sort_keys=True).encode(),
+    }
+
+
+class ArtifactWriter:
+    """Stream record batches into ``path`` atomically: a temp file in the same directory,
+    renamed over ``path`` only when the ``with`` block exits cleanly."""
+
+    def __init__(self, path: str | os.PathLike, artifact: Artifact, config: dict[str, Any] | None = None):
+        self.path = Path(path)
+        self.artifact = artifact
+        self.schema = artifact.schema.with_metadata(_metadata(artifact, config))
+        self.rows = 0
+        self._tmp: str | None = None
+        self._writer: pq.ParquetWriter | None = None
+
+    def __enter__(self) -> "ArtifactWriter":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, self._tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        os.close(fd)
+        self._writer = pq.ParquetWriter(self._tmp, self.schema, compression="zstd")
+        return self
+
+    def write(self, data: pa.Table | pa.RecordBatch | Iterable[dict[str, Any]]) -> None:
+        if not isinstance(data, (pa.Table, pa.RecordBatch)):
+            data = pa.Table.from_pylist(list(data), schema=self.artifact.schema)
+        elif data.schema.remove_metadata() != self.artifact.schema:
+            data = data.select(self.artifact.schema.names).cast(self.artifact.schema)
+        if isinstance(data, pa.RecordBatch):
+            data = pa.Table.from_batches([data])
+        assert self._writer is not None
+        self._writer.write_table(data.replace_schema_metadata(self.schema.metadata))
+        self.rows += data.num_rows
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        assert self._writer is not None and self._tmp is not None
+        self._writer.close()
+        if exc_type is None:
+            os.replace(self._tmp, self.path)
+        else:
+            os.unlink(self._tmp)
+
+
+def write_artifact(
+    table: pa.Table | list[dict[str, Any]],
+    path: str | os.PathLike,
+    artifact: Artifact,
+    config: dict[str, Any] | None = None,
+) -> Path:
+    """Write a whole table atomically with zsearch metadata; returns the path."""
+    with ArtifactWriter(path, artifact, config) as writer:
+        writer.write(table)
+    return Path(path)
