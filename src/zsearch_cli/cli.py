@@ -41,6 +41,7 @@ def main(
 @app.command()
 @stage
 def index(
+    ctx: typer.Context,
     corpus: Optional[Path] = typer.Argument(None, help="Corpus jsonl(.gz)/Parquet; default: the bundled demo corpus."),
     out: Path = typer.Option(Path("runs/index"), "--out", "-o", help="Index directory to write."),
     kind: str = typer.Option("bm25", "--kind", help="Comma list of bm25, dense (hybrid = bm25,dense)."),
@@ -59,7 +60,11 @@ def index(
     """Build a BM25 and/or dense index over a corpus."""
     from zsearch_cli.retrieval.index import build_index
 
-    build_index(corpus, out, options=resolved_options())
+    # ctx.params, not resolved_options(): the latter calls click.get_current_context(), which
+    # cannot see typer>=0.29's vendored click context.
+    options = {k: (str(v) if isinstance(v, Path) else v) for k, v in ctx.params.items() if k != "config"}
+    path = build_index(corpus, out, options=options)
+    typer.echo(f"index written to {path}")
 
 
 @app.command()
@@ -94,6 +99,50 @@ def serve(
 
     run_server(index_dir, host=host, port=port, method=method, max_queries=max_queries,
                max_topk=max_topk, cache_size=cache_size)
+
+
+# ----------------------------------------------------------------------------- eval
+
+
+@app.command("eval")
+@stage
+def eval_(
+    datasets: str = typer.Option("demo", help="demo (bundled test split), all (the seven benchmarks), a comma list, or QA files."),
+    data_dir: Path = typer.Option(Path("data"), help="Benchmark files, FlashRAG layout: DATA_DIR/nq/test.jsonl."),
+    out: Path = typer.Option(Path("runs/eval"), "--out", "-o", help="Output directory."),
+    model: str = typer.Option("smollm2", help="HF id, local path, checkpoint dir, or the smollm2 alias."),
+    method: str = typer.Option("agent", help="direct, cot, rag or agent (multi-turn search)."),
+    search: str = typer.Option("bm25", help="bm25, dense, hybrid, http://host:port or serpapi."),
+    index_dir: Optional[Path] = typer.Option(None, "--index", help="Index directory for in-process search [runs/index]."),
+    protocol: str = typer.Option("tags", help="tags (Search-R1) or tool_call (Dr. Zero)."),
+    topk: int = typer.Option(3, help="Passages per search."),
+    max_turns: int = typer.Option(4, help="Turns before the final no-search turn."),
+    max_turn_tokens: int = typer.Option(500, help="New tokens per turn."),
+    max_obs_tokens: int = typer.Option(500, help="Tokens per observation (whole passages are cut)."),
+    max_context_tokens: int = typer.Option(4096, help="Prompt + response token budget."),
+    batch_size: int = typer.Option(16, help="Questions per generation batch."),
+    limit: Optional[int] = typer.Option(None, help="Only the first N examples of each dataset."),
+    temperature: float = typer.Option(0.0, help="0 = greedy (default)."),
+    seed: int = typer.Option(0, help="Sampling seed (when temperature > 0)."),
+    backend: str = typer.Option("auto", help="hf, vllm or auto."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    predictions: Optional[Path] = typer.Option(None, help="Score this predictions file (id, prediction[, golden_answers]) instead of a model."),
+    qa: Optional[Path] = typer.Option(None, help="With --predictions: QA file to join golden answers from by id."),
+    config: Optional[Path] = ConfigOption,
+) -> None:
+    """Evaluate a model (EM, F1, subEM) per dataset, or score a predictions file."""
+    from zsearch_cli.stages.evaluate import EvalOptions, evaluate, score_predictions
+
+    options = resolved_options()
+    if predictions is not None:
+        score_predictions(predictions, qa, out, options)
+        return
+    evaluate(EvalOptions(
+        datasets=datasets, data_dir=data_dir, out=out, model=model, method=method, search=search,
+        index=index_dir, protocol=protocol, topk=topk, max_turns=max_turns, max_turn_tokens=max_turn_tokens,
+        max_obs_tokens=max_obs_tokens, max_context_tokens=max_context_tokens, batch_size=batch_size,
+        limit=limit, temperature=temperature, seed=seed, backend=backend, device=device,
+    ), options)
 
 
 if __name__ == "__main__":  # pragma: no cover

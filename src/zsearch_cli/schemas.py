@@ -67,7 +67,84 @@ QA = Artifact(
     optional=frozenset({"metadata"}),
 )
 
-ALL_ARTIFACTS: dict[str, Artifact] = {a.name: a for a in (CORPUS, QA)}
+_i8s = pa.list_(pa.int8())
+
+TRAJECTORY = Artifact(
+    "trajectory",
+    pa.schema([
+        ("id", _str),               # "{row_id}#{sample_index}"
+        ("row_id", _str),
+        ("sample_index", pa.int32()),
+        ("group_id", _str),         # unique per prompt (and per step), never a per-source index
+        ("question", _str),
+        ("golden_answers", _strs),
+        ("prompt_ids", _i32s),      # the chat-templated prompt, exactly as fed to the model
+        ("response_ids", _i32s),    # sampled ids (mask 1) and observation ids (mask 0)
+        ("loss_mask", _i8s),        # 1 where the policy sampled the token
+        ("logprobs", _f32s),        # sampler logprob per response token; 0.0 where mask is 0
+        ("turns", _str),            # JSON list: per turn text, action, queries, doc ids, search log
+        ("response_text", _str),    # decoded response, for humans only (never re-tokenized)
+        ("prediction", _str),       # content of the last <answer>, null if none
+        ("finish_reason", _str),    # answer | eos | length | max_turns | context | search_error
+        ("num_turns", pa.int32()),
+        ("num_searches", pa.int32()),
+        ("num_invalid", pa.int32()),
+        ("prompt_tokens", pa.int32()),
+        ("response_tokens", pa.int32()),
+        ("policy_tokens", pa.int32()),
+    ]),
+    unique="id",
+)
+
+EVAL_EXAMPLE = Artifact(
+    "eval_example",
+    pa.schema([
+        ("dataset", _str),
+        ("method", _str),
+        ("id", _str),
+        ("question", _str),
+        ("golden_answers", _strs),
+        ("prediction", _str),       # null when the model gave no <answer>
+        ("em", pa.float32()),
+        ("f1", pa.float32()),
+        ("subem", pa.float32()),
+        ("searches", pa.int32()),
+        ("turns", pa.int32()),
+        ("tokens", pa.int32()),     # response tokens (sampled + observation)
+        ("finish_reason", _str),
+        ("trajectory", _str),       # the decoded response, observations included
+        ("turn_log", _str),         # JSON per-turn log from the engine
+    ]),
+    unique="id",
+)
+
+EVAL_SUMMARY = Artifact(
+    "eval_summary",
+    pa.schema([
+        ("dataset", _str),
+        ("method", _str),
+        ("model", _str),
+        ("n", pa.int32()),
+        ("em", pa.float64()),
+        ("f1", pa.float64()),
+        ("subem", pa.float64()),
+        ("answered", pa.float64()),  # fraction with an extractable <answer>
+        ("avg_searches", pa.float64()),
+        ("avg_turns", pa.float64()),
+        ("avg_tokens", pa.float64()),
+    ]),
+)
+
+PREDICTIONS = Artifact(
+    "predictions",
+    pa.schema([("id", _str), ("prediction", _str), ("golden_answers", _strs)]),
+    unique="id",
+    optional=frozenset({"golden_answers"}),
+)
+
+ALL_ARTIFACTS: dict[str, Artifact] = {
+    a.name: a for a in (CORPUS, QA, TRAJECTORY, EVAL_EXAMPLE, EVAL_SUMMARY, PREDICTIONS)
+}
 
 
 def register(artifact: Artifact) -> Artifact:

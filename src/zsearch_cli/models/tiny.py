@@ -1,0 +1,151 @@
+"""A tiny random Qwen2 model and a real BPE tokenizer, built in code for fast offline tests.
+
+Why: every stage (rollout, reward, training) needs a model to exercise, and tests must run
+offline in seconds. The weights are random, but the tokenizer is a real byte-level BPE with
+the Search-R1 / tool-call tags as single special ids, a distinct pad and EOS, and a
+Qwen-like chat template, so the code paths that matter (tag handling, padding, chat
+formatting, stop strings) behave as they do with a real model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+EOS_TOKEN = "<|endoftext|>"
+PAD_TOKEN = "<|pad|>"
+CHAT_TOKENS = ("<|im_start|>", "<|im_end|>")
+TAG_TOKENS = (
+    "<think>", "</think>",
+    "<search>", "</search>",
+    "<information>", "</information>",
+    "<answer>", "</answer>",
+    "<tool_call>", "</tool_call>",
+    "<tool_response>", "</tool_response>",
+    "<question>", "</question>",
+)  # fmt: skip
+SPECIAL_TOKENS = (EOS_TOKEN, PAD_TOKEN, *CHAT_TOKENS, *TAG_TOKENS)
+"""In id order: ``<|endoftext|>`` is id 0, ``<|pad|>`` id 1, and so on."""
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+_BUILTIN_TEXT = """\
+Answer the given question. You must conduct reasoning inside <think> and </think> first every
+time you get new information. After reasoning, if you find you lack some knowledge, you can call
+a search engine by <search> query </search> and it will return the top searched results between
+<information> and </information>. You can search as many times as you want. If you find no
+further external knowledge needed, you can directly provide the answer inside <answer> and
+</answer>, without detailed illustrations. For example, <answer> Beijing </answer>.
+Question: who wrote the novel pride and prejudice?
+<think> I need to find the author of the novel. </think>
+<search> author of pride and prejudice </search>
+<information> Doc 1(Title: "Pride and Prejudice") Pride and Prejudice is an 1813 novel of manners
+written by Jane Austen. The novel follows the character development of Elizabeth Bennet.
+Doc 2(Title: "Jane Austen") Jane Austen was an English novelist known primarily for her six
+major novels, which interpret and critique the British landed gentry at the end of the
+eighteenth century. </information>
+<think> The documents say the novel was written by Jane Austen. </think>
+<answer> Jane Austen </answer>
+<question> What is the capital city of the country where the river Danube ends? </question>
+<tool_call> {"name": "search", "arguments": {"query": "where does the Danube end"}} </tool_call>
+<tool_response> The Danube flows into the Black Sea through the Danube Delta in Romania and
+Ukraine. Bucharest is the capital and largest city of Romania. </tool_response>
+The quick brown fox jumps over the lazy dog. A search engine returns the most relevant
+passages for a query, and a language model reads them before it answers. The river flows
+through the city, and the mountains rise to the north of the valley. In the year 1969 the first
+people walked on the moon; the mission was called Apollo 11 and it was launched from Florida.
+Water boils at 100 degrees Celsius at sea level. The population of the world passed eight
+billion people in 2022. Many of the largest cities in the world are built near rivers and coasts.
+Who is the president? Where is the museum? When was the bridge built? Which team won the cup?
+How many players are on the field? What is the name of the first book in the series?
+"""
+
+
+def _train_tokenizer(text: str, vocab_size: int):
+    """Train a byte-level BPE on ``text``; the special tokens come first, as single ids."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    # The same normalizer and pre-tokenizer as Qwen2's: AutoTokenizer rebuilds a Qwen2
+    # tokenizer from our vocab and merges with exactly this pipeline when it loads the folder.
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=1,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(text.splitlines(keepends=True), trainer=trainer)
+    return tok
+
+
+def make_tiny_model(
+    dir: str | Path,
+    seed: int = 0,
+    vocab_size: int = 640,
+    corpus_text: str | None = None,
+) -> Path:
+    """Write a random tiny ``Qwen2ForCausalLM`` plus tokenizer to ``dir``; return the path.
+
+    ``vocab_size`` is the BPE target (256 bytes + specials + merges); the model's embedding
+    matrix is sized to the tokenizer actually trained, so every logit is a real token.
+    ``corpus_text`` is appended to the built-in training text for the BPE merges. Seeded
+    weights: the same ``seed`` gives the same model. Runs in well under a second.
+    """
+    import torch
+    from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
+
+    out = Path(dir)
+    out.mkdir(parents=True, exist_ok=True)
+    text = _BUILTIN_TEXT + ("\n" + corpus_text if corpus_text else "")
+    raw = _train_tokenizer(text, vocab_size)
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=raw,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        additional_special_tokens=[t for t in SPECIAL_TOKENS if t not in (EOS_TOKEN, PAD_TOKEN)],
+        clean_up_tokenization_spaces=False,
+        model_max_length=4096,
+        padding_side="left",
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    eos_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    pad_id = tokenizer.convert_tokens_to_ids(PAD_TOKEN)
+
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        # Larger than the usual 0.02 so the random logits are peaked: greedy decoding then
+        # has clear winners and is stable under the tiny numeric noise batching introduces.
+        initializer_range=0.2,
+        bos_token_id=None,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out

@@ -1,0 +1,244 @@
+"""BM25 over a streamed corpus, served by bm25s (default) or rank-bm25 (reference).
+
+The scoring function (bm25s ``method="lucene"``, i.e. Lucene >= 8's BM25Similarity)::
+
+    score(q, d) = sum over query terms t (duplicates counted) of
+                  idf(t) * tf(t, d) / (tf(t, d) + k1 * (1 - b + b * |d| / avgdl))
+    idf(t)      = ln(1 + (N - df(t) + 0.5) / (df(t) + 0.5))
+
+N is the number of passages, df(t) the passages containing t, tf(t, d) the count of t
+in d, |d| the number of terms of d after stopword removal, avgdl the mean |d|.
+Unlike rank_bm25.BM25Okapi (``idf = ln((N-df+0.5)/(df+0.5))`` with an epsilon floor and
+a ``(k1 + 1)`` numerator) this idf is never negative, needs no floor, and ranks
+identically under any k1; it is the variant Pyserini/Anserini and bm25s default to.
+The rank-bm25 backend is :class:`LuceneBM25`, a ``rank_bm25.BM25`` subclass with this
+exact formula, so both backends return the same top-k (bm25s stores float32 scores,
+rank-bm25 sums float64: scores agree to ~1e-6 relative).
+
+Build streams: each corpus batch is tokenized to flat term-id arrays and reduced to
+``(doc, term, tf)`` postings spilled to disk; the CSC score matrix bm25s searches is
+then filled column by column with a counting sort, written straight into bm25s's own
+``.npy`` files and loaded back memory-mapped. Nothing holds one Python list per passage,
+which is what ``bm25s.BM25.index`` would need for 21M passages.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from numpy.lib.format import open_memmap
+from rank_bm25 import BM25 as _RankBM25
+
+from zsearch_cli.retrieval.tokenize import Tokenizer
+
+BACKENDS = ("bm25s", "rank-bm25")
+VARIANT = "lucene"
+EMPTY_TERM = ""
+"""bm25s's convention: a term no passage has, so a query with no known terms still runs."""
+
+_POSTINGS = (("doc", np.int32), ("term", np.int32), ("tf", np.int32))
+_CHUNK = 1 << 23  # postings per pass when filling the CSC matrix
+
+
+def bm25_texts(batch: pa.RecordBatch) -> list[str]:
+    """What BM25 indexes for a passage: its title and its text."""
+    return pc.binary_join_element_wise(batch.column("title").fill_null(""),
+                                       batch.column("text").fill_null(""), " ").to_pylist()
+
+
+def lucene_idf(df: np.ndarray, n_docs: int) -> np.ndarray:
+    """float32 idf per term, 0 for terms in no passage (only the empty term)."""
+    df = np.asarray(df, dtype=np.float64)
+    idf = np.log1p((n_docs - df + 0.5) / (df + 0.5))
+    return np.where(df > 0, idf, 0.0).astype(np.float32)
+
+
+# ----------------------------------------------------------------------------- build
+
+
+def build_bm25(
+    batches: Iterable[pa.RecordBatch],
+    n_docs: int,
+    out: Path,
+    tokenizer: Tokenizer,
+    k1: float,
+    b: float,
+    backend: str,
+    on_rows: Callable[[int], None] | None = None,
+) -> dict:
+    """Index ``batches`` (the corpus, in row order) into directory ``out``; returns manifest info."""
+    out.mkdir(parents=True, exist_ok=True)
+    vocab: dict[str, int] = {}
+    lengths = np.zeros(n_docs, dtype=np.int64)
+    df = np.zeros(0, dtype=np.int64)
+    spill = {name: open(out / f"_postings.{name}.bin", "wb") for name, _ in _POSTINGS}
+    row = 0
+    try:
+        for batch in batches:
+            flat, lens = tokenizer.encode_batch(bm25_texts(batch), vocab)
+            lengths[row : row + len(lens)] = lens
+            # (doc, term) pairs -> unique with counts: one sort per batch, no Python loop.
+            local = np.repeat(np.arange(len(lens), dtype=np.int64), lens)
+            keys, tf = np.unique((local << 32) | flat.astype(np.int64), return_counts=True)
+            doc = (keys >> 32).astype(np.int32) + np.int32(row)
+            term = (keys & 0xFFFFFFFF).astype(np.int32)
+            doc.tofile(spill["doc"])
+            term.tofile(spill["term"])
+            tf.astype(np.int32).tofile(spill["tf"])
+            counts = np.bincount(term, minlength=len(vocab))
+            df = np.concatenate([df, np.zeros(len(vocab) - len(df), np.int64)]) + counts
+            row += len(lens)
+            if on_rows:
+                on_rows(len(lens))
+    finally:
+        for fh in spill.values():
+            fh.close()
+    vocab.setdefault(EMPTY_TERM, len(vocab))
+    df = np.concatenate([df, np.zeros(len(vocab) - len(df), np.int64)])
+    postings = {name: np.memmap(out / f"_postings.{name}.bin", dtype=dt, mode="r") if df.sum() else np.zeros(0, dt)
+                for name, dt in _POSTINGS}
+    avgdl = float(lengths.mean()) if n_docs else 0.0
+    if backend == "bm25s":
+        _write_bm25s(out, postings, df, lengths, avgdl, n_docs, vocab, k1, b)
+    else:
+        for name, dt in _POSTINGS:
+            np.save(out / f"postings.{name}.npy", np.asarray(postings[name], dtype=dt))
+        np.save(out / "lengths.npy", lengths)
+        _write_json(out / "vocab.index.json", vocab)
+    del postings
+    for name, _ in _POSTINGS:
+        (out / f"_postings.{name}.bin").unlink()
+    return {"backend": backend, "variant": VARIANT, "k1": k1, "b": b, **tokenizer.config,
+            "vocab_size": len(vocab), "postings": int(df.sum()), "avg_doc_len": avgdl}
+
+
+def _write_bm25s(out: Path, postings: dict, df: np.ndarray, lengths: np.ndarray, avgdl: float,
+                 n_docs: int, vocab: dict[str, int], k1: float, b: float) -> None:
+    """Fill bm25s's CSC arrays (column = term, row = doc, rows ascending) on disk.
+
+    Per-entry arithmetic follows bm25s's own builder (float32 idf times float64 tf part,
+    stored float32) so the stored scores equal what ``bm25s.BM25(method="lucene").index``
+    would compute from the same tokens.
+    """
+    idf = lucene_idf(df, n_docs)
+    indptr = np.zeros(len(df) + 1, dtype=np.int64)
+    np.cumsum(df, out=indptr[1:])
+    nnz = int(indptr[-1])
+    data = open_memmap(out / "data.csc.index.npy", mode="w+", dtype=np.float32, shape=(nnz,))
+    indices = open_memmap(out / "indices.csc.index.npy", mode="w+", dtype=np.int32, shape=(nnz,))
+    fill = indptr[:-1].copy()  # next free slot of each column
+    for start in range(0, nnz, _CHUNK):
+        d = np.asarray(postings["doc"][start : start + _CHUNK])
+        t = np.asarray(postings["term"][start : start + _CHUNK])
+        tf = np.asarray(postings["tf"][start : start + _CHUNK], dtype=np.float32)
+        tfc = tf / (k1 * ((1 - b) + b * lengths[d] / avgdl) + tf)
+        score = (idf[t] * tfc).astype(np.float32)
+        # Stable counting sort by term: docs arrive ascending, so each column stays sorted.
+        order = np.argsort(t, kind="stable")
+        st = t[order]
+        starts = np.flatnonzero(np.r_[True, st[1:] != st[:-1]])
+        sizes = np.diff(np.r_[starts, len(st)])
+        pos = fill[st] + (np.arange(len(st)) - np.repeat(starts, sizes))
+        fill[st[starts]] += sizes
+        indices[pos] = d[order]
+        data[pos] = score[order]
+    data.flush()
+    indices.flush()
+    del data, indices
+    np.save(out / "indptr.csc.index.npy", indptr)
+    _write_json(out / "vocab.index.json", vocab)
+    import bm25s
+
+    _write_json(out / "params.index.json", {
+        "k1": k1, "b": b, "delta": 0.5, "method": VARIANT, "idf_method": VARIANT, "dtype": "float32",
+        "int_dtype": "int32", "num_docs": n_docs, "version": bm25s.__version__, "backend": "numpy",
+    })
+
+
+def _write_json(path: Path, obj: object) -> None:
+    with open(path, "w", encoding="utf-8") as fh:
+        json.dump(obj, fh, ensure_ascii=False)
+
+
+# ----------------------------------------------------------------------------- search
+
+
+class LuceneBM25(_RankBM25):
+    """``rank_bm25.BM25`` with the formula in this module's docstring (reference backend)."""
+
+    def __init__(self, corpus: Sequence[Sequence], k1: float = 1.2, b: float = 0.75):
+        self.k1, self.b = k1, b
+        super().__init__(corpus)
+
+    def _calc_idf(self, nd: dict) -> None:
+        n = self.corpus_size
+        self.idf = {word: math.log(1 + (n - freq + 0.5) / (freq + 0.5)) for word, freq in nd.items()}
+
+    def get_scores(self, query: Sequence) -> np.ndarray:
+        score = np.zeros(self.corpus_size)
+        if not self.avgdl:  # every passage empty: nothing can match
+            return score
+        norm = self.k1 * (1 - self.b + self.b * np.array(self.doc_len) / self.avgdl)
+        for q in query:
+            q_freq = np.array([doc.get(q, 0) for doc in self.doc_freqs], dtype=np.float64)
+            score += self.idf.get(q, 0.0) * (q_freq / (q_freq + norm))
+        return score
+
+
+class BM25Searcher:
+    """Top-k BM25 over a built ``bm25/`` directory; ``search`` is batched and thread-safe.
+
+    bm25s retrieval only reads its (memory-mapped) arrays, so concurrent callers need no
+    lock; the tokenizer locks its stemmer itself.
+    """
+
+    def __init__(self, directory: Path, info: dict, n_threads: int = 0):
+        self.backend = info["backend"]
+        self.tokenizer = Tokenizer(info["stemmer"], info["stopwords"])
+        self.n_threads = n_threads
+        if self.backend == "bm25s":
+            import bm25s
+
+            self.model = bm25s.BM25.load(directory, mmap=True, load_vocab=True)
+            self.vocab: dict[str, int] = self.model.vocab_dict
+        else:
+            with open(directory / "vocab.index.json", encoding="utf-8") as fh:
+                self.vocab = json.load(fh)
+            self.model = LuceneBM25(_documents(directory), k1=info["k1"], b=info["b"])
+        self.empty_id = self.vocab[EMPTY_TERM]
+
+    def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(scores, rows)``, both shaped ``[len(queries), k]``, best first; row -1 = no hit."""
+        ids = [self.tokenizer.ids(q, self.vocab) or [self.empty_id] for q in queries]
+        if self.backend == "bm25s":
+            rows, scores = self.model.retrieve(ids, k=k, show_progress=False, n_threads=self.n_threads)
+            scores, rows = np.asarray(scores, dtype=np.float32), np.asarray(rows, dtype=np.int64)
+        else:
+            rows, scores = [], []
+            for q in ids:
+                all_scores = self.model.get_scores(q)
+                order = np.lexsort((np.arange(len(all_scores)), -all_scores))[:k]  # score desc, then row
+                rows.append(order)
+                scores.append(all_scores[order])
+            scores, rows = np.asarray(scores, dtype=np.float32), np.asarray(rows, dtype=np.int64)
+        # idf > 0, so a zero score means no query term occurs: not a hit (as in Lucene/Pyserini).
+        rows[scores <= 0] = -1
+        return scores, rows
+
+
+def _documents(directory: Path) -> list[list[int]]:
+    """Rebuild each passage's term-id list (tf repeats, order lost) for rank-bm25.
+
+    Postings are sorted by (doc, term) and a passage's tfs sum to its length, so the
+    lengths alone cut the repeated-term stream into passages."""
+    term, tf = np.load(directory / "postings.term.npy"), np.load(directory / "postings.tf.npy")
+    lengths = np.load(directory / "lengths.npy")
+    flat = np.repeat(term, tf).tolist()
+    bounds = np.r_[0, np.cumsum(lengths)].tolist()
+    return [flat[bounds[i] : bounds[i + 1]] for i in range(len(lengths))]

@@ -1,0 +1,369 @@
+"""The retrieval server: an index behind Search-R1's ``POST /retrieve`` API.
+
+Search-R1, ZeroSearch and friends call a local HTTP retriever from their rollout
+loops, so speaking their wire format lets their tools point at us unchanged::
+
+    POST /retrieve  {"queries": ["q1", ...], "topk": 3, "return_scores": true}
+    -> {"result": [[{"document": {"id": ..., "contents": '"Title"\\ntext'}, "score": 1.5}, ...], ...]}
+
+With ``"return_scores": false`` each hit is the bare document ``{"id", "contents"}``
+(Search-R1's own server crashes on that path; ours does not).
+
+Design choices, and why:
+
+* The request body is parsed and checked by hand instead of through a pydantic model:
+  the error messages are ours (always ``{"error": "..."}``, never a 422 with a nested
+  pydantic report or a 500 with a traceback) and the hot path skips model overhead.
+* All queries of a request go to the index in one batched ``search`` call, run in the
+  threadpool so a slow search never blocks the event loop (the index is thread-safe).
+* An LRU cache keyed by ``(query, topk, index name, method)`` sits in front of the index;
+  rollouts repeat queries a lot, and only the misses are searched, again in one batch.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import socket
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Any, Hashable, Sequence
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from zsearch_cli.errors import ZsearchError
+from zsearch_cli.retrieval.base import Passage
+
+log = logging.getLogger("zsearch.server")
+
+DEFAULT_TOPK = 3
+"""Search-R1's ``retrieval_topk`` default, used when a request leaves ``topk`` out."""
+DEFAULT_MAX_BODY_BYTES = 4 << 20
+"""4 MiB: 512 queries of several KiB each, far beyond what an agent sends."""
+
+
+# ----------------------------------------------------------------------------- cache
+
+
+class LRUCache:
+    """A thread-safe least-recently-used map with hit/miss counters.
+
+    One lock guards everything; operations are a few dict moves, so contention is
+    negligible next to a search. ``capacity=0`` turns caching off (every get misses).
+    """
+
+    def __init__(self, capacity: int):
+        if capacity < 0:
+            raise ZsearchError(f"cache size must be >= 0, got {capacity}")
+        self.capacity = capacity
+        self._data: OrderedDict[Hashable, Any] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def get_many(self, keys: Sequence[Hashable]) -> list[Any | None]:
+        """The cached value for each key, or None; hits become most recently used."""
+        out: list[Any | None] = []
+        with self._lock:
+            for key in keys:
+                value = self._data.get(key)
+                if value is None:
+                    self.misses += 1
+                else:
+                    self.hits += 1
+                    self._data.move_to_end(key)
+                out.append(value)
+        return out
+
+    def put_many(self, items: Sequence[tuple[Hashable, Any]]) -> None:
+        if self.capacity == 0:
+            return
+        with self._lock:
+            for key, value in items:
+                self._data[key] = value
+                self._data.move_to_end(key)
+            while len(self._data) > self.capacity:
+                self._data.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"hits": self.hits, "misses": self.misses, "size": len(self._data), "capacity": self.capacity}
+
+
+# ----------------------------------------------------------------------------- service
+
+
+class RetrievalService:
+    """The index, the method it is searched with, and the cache in front of it.
+
+    Kept apart from the HTTP layer so its batching and caching can be reasoned about
+    (and reused) without a web framework in the way.
+    """
+
+    def __init__(self, index: Any, method: str = "auto", cache_size: int = 100_000):
+        methods = list(getattr(index, "methods", []))
+        if hasattr(index, "resolve_method"):  # checks the name; 'auto' becomes what it means here
+            method = index.resolve_method(method)
+        elif method != "auto" and method not in methods:
+            raise ZsearchError(f"index {index.name} has no method '{method}' (it has: {', '.join(methods)}, auto)")
+        self.index = index
+        self.method = method
+        self.cache = LRUCache(cache_size)
+        self.index_calls = 0
+        """How many batched ``index.search`` calls were made (one per request with misses)."""
+        self.searched = 0
+        """How many queries went to the index in those calls."""
+        self._stats_lock = threading.Lock()
+
+    def search(self, queries: Sequence[str], topk: int) -> list[list[Passage]]:
+        """Top-``topk`` passages per query: cache hits as stored, all misses in one batch."""
+        keys = [(q, topk, self.index.name, self.method) for q in queries]
+        found = self.cache.get_many(keys)
+        missing = list(dict.fromkeys(q for q, hit in zip(queries, found) if hit is None))
+        fresh: dict[str, list[Passage]] = {}
+        if missing:
+            results = self.index.search(missing, topk, method=self.method)
+            if len(results) != len(missing):
+                raise RuntimeError(f"index returned {len(results)} result lists for {len(missing)} queries")
+            fresh = dict(zip(missing, (list(r) for r in results)))
+            self.cache.put_many([((q, topk, self.index.name, self.method), fresh[q]) for q in missing])
+            with self._stats_lock:
+                self.index_calls += 1
+                self.searched += len(missing)
+        return [hit if hit is not None else fresh[q] for q, hit in zip(queries, found)]
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "status": "ok",
+            "index": self.index.name,
+            "n_docs": len(self.index),
+            "methods": list(getattr(self.index, "methods", [])),
+            "method": self.method,
+            "cache": {**self.cache.stats(), "index_calls": self.index_calls, "searched": self.searched},
+        }
+
+
+# ----------------------------------------------------------------------------- request parsing
+
+
+class RequestError(Exception):
+    """A malformed request: answered with ``status`` and ``{"error": message}``."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def parse_request(body: bytes, max_queries: int, max_topk: int) -> tuple[list[str], int, bool]:
+    """``(queries, topk, return_scores)`` from a /retrieve body, or a :class:`RequestError`.
+
+    Defaults follow Search-R1's ``QueryRequest``: ``topk`` 3, ``return_scores`` false.
+    Unknown keys are ignored so newer clients keep working.
+    """
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise RequestError(400, f"body is not valid JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise RequestError(400, f"body must be a JSON object, got {type(data).__name__}")
+    queries = data.get("queries")
+    if not isinstance(queries, list) or not queries:
+        raise RequestError(400, "'queries' must be a non-empty list of strings")
+    for i, q in enumerate(queries):
+        if not isinstance(q, str):
+            raise RequestError(400, f"'queries'[{i}] must be a string, got {type(q).__name__}")
+    if len(queries) > max_queries:
+        raise RequestError(413, f"too many queries: {len(queries)} (this server takes at most {max_queries} per request)")
+    topk = data.get("topk")
+    if topk is None:
+        topk = DEFAULT_TOPK
+    if not isinstance(topk, int) or isinstance(topk, bool):
+        raise RequestError(400, f"'topk' must be an integer, got {type(topk).__name__}")
+    if not 1 <= topk <= max_topk:
+        raise RequestError(400, f"'topk' must be between 1 and {max_topk}, got {topk}")
+    return_scores = data.get("return_scores", False)
+    if not isinstance(return_scores, bool):
+        raise RequestError(400, f"'return_scores' must be true or false, got {type(return_scores).__name__}")
+    return queries, topk, return_scores
+
+
+def render(results: list[list[Passage]], return_scores: bool) -> dict[str, Any]:
+    """Search-R1's response body for ``results``."""
+    if return_scores:
+        return {"result": [
+            [{"document": {"id": p.id, "contents": p.contents}, "score": None if p.score is None else float(p.score)}
+             for p in hits]
+            for hits in results
+        ]}
+    return {"result": [[{"id": p.id, "contents": p.contents} for p in hits] for hits in results]}
+
+
+def dumps(obj: Any) -> bytes:
+    """Compact UTF-8 JSON; the payload is small, so stdlib json is not the bottleneck."""
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+# ----------------------------------------------------------------------------- app
+
+
+def create_app(
+    index: Any,
+    method: str = "auto",
+    max_queries: int = 512,
+    max_topk: int = 100,
+    cache_size: int = 100_000,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> FastAPI:
+    """A FastAPI app serving ``index`` (a loaded ``SearchIndex``) at /retrieve and /health.
+
+    The service is reachable as ``app.state.service`` (its cache stats are in /health too).
+    """
+    if max_queries < 1 or max_topk < 1 or max_body_bytes < 1:
+        raise ZsearchError("max_queries, max_topk and max_body_bytes must all be >= 1")
+    service = RetrievalService(index, method=method, cache_size=cache_size)
+    app = FastAPI(title="zsearch retrieval server", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.service = service
+
+    def json_response(obj: Any, status: int = 200) -> Response:
+        return Response(dumps(obj), status_code=status, media_type="application/json")
+
+    async def read_body(request: Request) -> bytes:
+        """The body, refusing (413) anything over ``max_body_bytes`` before reading it all."""
+        length = request.headers.get("content-length")
+        if length is not None:
+            if not length.isdigit():
+                raise RequestError(400, f"invalid Content-Length {length!r}")
+            if int(length) > max_body_bytes:
+                raise RequestError(413, f"body too large: {length} bytes (limit {max_body_bytes})")
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_body_bytes:
+                raise RequestError(413, f"body too large: over {max_body_bytes} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    @app.post("/retrieve")
+    async def retrieve(request: Request) -> Response:
+        try:
+            body = await read_body(request)
+            queries, topk, return_scores = parse_request(body, max_queries, max_topk)
+            results = await run_in_threadpool(service.search, queries, topk)
+            return json_response(render(results, return_scores))
+        except RequestError as err:
+            return json_response({"error": err.message}, err.status)
+        except ZsearchError as err:
+            return json_response({"error": str(err)}, 400)
+        except Exception as err:  # the client gets one line; the traceback goes to our log
+            log.exception("search failed")
+            return json_response({"error": f"internal error: {type(err).__name__}: {err}"}, 500)
+
+    @app.get("/health")
+    async def health() -> Response:
+        return json_response(service.health())
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        # 404 (unknown path) and 405 (wrong verb) in our error shape, not FastAPI's {"detail"}.
+        return json_response({"error": f"{request.method} {request.url.path}: {exc.detail}"}, exc.status_code)
+
+    return app
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost``, 127.0.0.0/8 and ::1: addresses other machines cannot reach."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port`` (port 0 picks a free one), or a clear ZsearchError.
+
+    Binding ourselves, instead of letting uvicorn do it, turns "address in use" into one
+    readable line and tells us the real port when 0 was asked for.
+    """
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                         flags=socket.AI_PASSIVE)[0]
+        sock = socket.socket(family, kind, proto)
+    except (OSError, IndexError) as err:
+        raise ZsearchError(f"cannot resolve host {host!r} ({err})") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(addr)
+        sock.listen(2048)
+    except OSError as err:
+        sock.close()
+        raise ZsearchError(f"cannot listen on {host}:{port} ({err.strerror or err})") from None
+    sock.setblocking(False)
+    return sock
+
+
+def run_server(
+    index_dir: Path,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    method: str = "auto",
+    max_queries: int = 512,
+    max_topk: int = 100,
+    cache_size: int = 100_000,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> None:
+    """Load ``index_dir``, print where we listen, and serve until SIGINT/SIGTERM.
+
+    A signal shuts down gracefully (in-flight requests finish) and returns normally, so
+    ``zsearch serve`` exits 0 when stopped.
+    """
+    import signal
+
+    import uvicorn
+    from rich.console import Console
+
+    from zsearch_cli.retrieval.index import load_index
+
+    err = Console(stderr=True)
+    index = load_index(Path(index_dir))
+    app = create_app(index, method=method, max_queries=max_queries, max_topk=max_topk,
+                     cache_size=cache_size, max_body_bytes=max_body_bytes)
+    if not is_loopback(host):
+        err.print(f"[bold yellow]warning:[/] listening on {host}, not loopback: the server has no "
+                  "authentication, anyone who can reach this port can query the index", highlight=False)
+    sock = bind_socket(host, port)
+    bound_port = sock.getsockname()[1]
+    shown = f"[{host}]" if ":" in host else host
+    methods = ", ".join(getattr(index, "methods", []))
+    print(f"serving index {index.name} ({len(index)} passages; methods: {methods}; method: {method}) "
+          f"on http://{shown}:{bound_port}  (POST /retrieve, GET /health; Ctrl+C stops)", flush=True)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                            server_header=False, date_header=False, timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    # uvicorn re-raises the signal that stopped it once it has shut down; a no-op SIGTERM
+    # handler and catching KeyboardInterrupt make that a normal return (exit status 0).
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, lambda *_: None) if in_main else None
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
+        sock.close()
+    print("server stopped", flush=True)

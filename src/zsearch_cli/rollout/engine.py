@@ -1,0 +1,285 @@
+"""The multi-turn search-agent rollout engine, shared by collect, train, propose/solve and eval.
+
+Token-in/token-out: the response is the concatenation of the ids the backend sampled
+(loss mask 1, with their sampler logprobs) and the ids of observation text tokenized on
+its own (mask 0). A policy turn is never decoded and re-encoded; decoding happens only to
+*parse* the action. Observations are inserted inline in the assistant turn, right after
+the sampled stop string (``</search>``/``</tool_call>``), which is what Search-R1 and
+ZeroSearch train on; the chat template is applied to the prompt only.
+
+One loop serves every protocol: the protocol parses an action and renders an
+observation, the engine does the rest (batching, limits, search calls, bookkeeping).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from zsearch_cli.errors import ZsearchError
+from zsearch_cli.models.base import GenerationBackend, SamplingParams
+from zsearch_cli.retrieval.base import Passage
+from zsearch_cli.search.base import SearchBackend, SearchBackendError, SearchRequest
+
+
+@dataclass
+class RolloutConfig:
+    """Limits and sampling for one rollout batch (defaults: Search-R1)."""
+
+    max_turns: int = 4
+    """Ordinary turns; after them one final turn is generated in which no search runs."""
+    max_turn_tokens: int = 500
+    """New tokens per turn at most."""
+    max_obs_tokens: int = 500
+    """Observation length cap; whole passages are cut so the closing tag survives."""
+    max_context_tokens: int = 4096
+    """Prompt + response budget. The prompt (and so the question) is never dropped:
+    observations shrink to fit, and a sample that runs out ends with finish 'context'."""
+    topk: int = 3
+    """Passages per query."""
+    temperature: float = 1.0
+    """0 is greedy (eval's default)."""
+    top_p: float = 1.0
+    seed: int = 0
+    """Every turn's sampling seed derives from this, the step and the turn index."""
+    chat_template: bool = True
+    """Wrap the prompt in the tokenizer's chat template when it has one."""
+
+
+@dataclass
+class QARow:
+    id: str
+    question: str
+    golden_answers: list[str]
+    prompt: str | None = None
+    """A ready user message (eval's direct/cot/rag baselines); None uses the protocol's template."""
+
+
+@dataclass
+class _Sample:
+    row: QARow
+    sample_index: int
+    group_id: str
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    searches: int = 0
+    invalid: int = 0
+    prediction: str | None = None
+    finish: str | None = None
+
+    def extend(self, ids: Sequence[int], logprobs: Sequence[float] | None) -> None:
+        self.response_ids.extend(ids)
+        if logprobs is None:  # template/observation tokens: not sampled, not trained on
+            self.loss_mask.extend([0] * len(ids))
+            self.logprobs.extend([0.0] * len(ids))
+        else:
+            self.loss_mask.extend([1] * len(ids))
+            self.logprobs.extend(logprobs)
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+
+def turn_seed(seed: int, step: int, turn: int) -> int:
+    """A distinct, reproducible sampling seed per (run seed, step, turn)."""
+    return (seed * 1_000_003 + step * 10_007 + turn * 101) % (2**31 - 1)
+
+
+class RolloutEngine:
+    def __init__(
+        self,
+        backend: GenerationBackend,
+        protocol: Any,
+        search: SearchBackend | None,
+        config: RolloutConfig | None = None,
+    ):
+        self.backend = backend
+        self.tokenizer = backend.tokenizer
+        self.protocol = protocol
+        self.search = search
+        self.config = config or RolloutConfig()
+
+    # ------------------------------------------------------------------ prompt
+
+    def encode_prompt(self, row: QARow) -> list[int]:
+        from zsearch_cli.models.loading import apply_chat
+
+        text = row.prompt if row.prompt is not None else self.protocol.build_prompt(row.question)
+        if self.config.chat_template:
+            return list(apply_chat(self.tokenizer, text))
+        return self._encode(text)
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    # ------------------------------------------------------------------ observation
+
+    def _observation_ids(self, results: list[list[Passage]], budget: int) -> tuple[list[int], int]:
+        """Render and tokenize an observation within ``budget`` tokens. Whole passages are
+        dropped from the end of the longest result list (then the last one is shortened),
+        so the frame and its closing tag always survive. Returns (ids, passages dropped)."""
+        results = [list(r) for r in results]
+        dropped = 0
+        while True:
+            ids = self._encode(self.protocol.render_observation(results))
+            if len(ids) <= budget:
+                return ids, dropped
+            remaining = sum(map(len, results))
+            if remaining == 0:
+                return [], dropped  # not even the empty frame fits
+            longest = max(range(len(results)), key=lambda i: len(results[i]))
+            if remaining > 1:
+                results[longest].pop()
+                dropped += 1
+                continue
+            # One passage left: cut its text by the overshoot (plus one for merge slack).
+            p = results[longest][0]
+            text_ids = self._encode(p.text)
+            keep = len(text_ids) - (len(ids) - budget) - 1
+            if keep <= 0:
+                results[longest] = []
+                dropped += 1
+            else:
+                results[longest] = [Passage(p.id, p.title, self.tokenizer.decode(text_ids[:keep]), p.score)]
+
+    # ------------------------------------------------------------------ the loop
+
+    def rollout(
+        self,
+        rows: Sequence[QARow],
+        group_size: int = 1,
+        step: int = 0,
+        on_row_done: Callable[[int], None] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Roll out ``group_size`` samples per row; returns one trajectory dict per sample
+        (the TRAJECTORY artifact's columns), ordered row-major."""
+        cfg = self.config
+        samples: list[_Sample] = []
+        for row in rows:
+            prompt = self.encode_prompt(row)
+            if len(prompt) >= cfg.max_context_tokens:
+                raise ZsearchError(
+                    f"row {row.id!r}: the prompt is {len(prompt)} tokens, over --max-context-tokens "
+                    f"{cfg.max_context_tokens}"
+                )
+            group_id = f"{step}:{row.id}"
+            samples += [_Sample(row, g, group_id, prompt) for g in range(group_size)]
+        rows_left = {row.id: group_size for row in rows}
+
+        def finish(s: _Sample, reason: str) -> None:
+            s.finish = reason
+            rows_left[s.row.id] -= 1
+            if rows_left[s.row.id] == 0 and on_row_done is not None:
+                on_row_done(1)
+
+        for turn in range(cfg.max_turns + 1):
+            active = [s for s in samples if s.finish is None]
+            if not active:
+                break
+            final_turn = turn == cfg.max_turns
+            params = SamplingParams(
+                max_new_tokens=cfg.max_turn_tokens,
+                temperature=cfg.temperature,
+                top_p=cfg.top_p,
+                seed=turn_seed(cfg.seed, step, turn),
+            )
+            outs = self.backend.generate([s.prompt_ids + s.response_ids for s in active], params,
+                                         stop=self.protocol.stop_strings)
+            pending: list[tuple[_Sample, Any]] = []
+            for s, out in zip(active, outs):
+                ids, lps = list(out.token_ids), list(out.logprobs)
+                room = cfg.max_context_tokens - s.length
+                over_budget = len(ids) > room
+                if over_budget:
+                    ids, lps = ids[:room], lps[:room]
+                s.extend(ids, lps)
+                text = self.tokenizer.decode(ids, skip_special_tokens=False)
+                action = self.protocol.parse(text)
+                s.turns.append({"turn": turn, "text": text, "action": action.kind, "queries": list(action.queries),
+                                "error": action.error, "finish": out.finish_reason, "sampled_tokens": len(ids)})
+                if over_budget:
+                    finish(s, "context")
+                elif action.kind == "answer":
+                    s.prediction = action.answer
+                    finish(s, "answer")
+                elif action.kind == "search" and not final_turn:
+                    pending.append((s, action))
+                elif final_turn:
+                    finish(s, "max_turns" if action.kind == "search" else out.finish_reason)
+                elif out.finish_reason == "eos":
+                    # The model closed its turn without an action. Search-R1 decodes with
+                    # skip_special_tokens and keeps going past the EOS; we end the episode.
+                    finish(s, "eos")
+                else:
+                    s.invalid += 1
+                    obs = self._encode(self.protocol.render_invalid(action))
+                    if s.length + len(obs) >= cfg.max_context_tokens:
+                        finish(s, "context")
+                    else:
+                        s.extend(obs, None)
+            self._run_searches(pending, samples, step, finish)
+
+        return [self._to_row(s) for s in samples]
+
+    def _run_searches(self, pending, samples, step, finish) -> None:
+        if not pending:
+            return
+        requests: list[SearchRequest] = []
+        owners: list[int] = []
+        for i, (s, action) in enumerate(pending):
+            for q in action.queries:
+                requests.append(SearchRequest(q, s.row.id, s.row.question, tuple(s.row.golden_answers), s.sample_index))
+                owners.append(i)
+        if self.search is None:
+            raise ZsearchError("the model issued a search but no search backend is configured")
+        try:
+            results = self.search.search(requests, self.config.topk)
+        except ZsearchError as err:
+            done = [self._to_row(s) for s in samples if s.finish is not None]
+            raise SearchBackendError(f"search backend failed at step {step}: {err}", completed=done) from None
+        per_sample: list[list[Any]] = [[] for _ in pending]
+        for owner, res in zip(owners, results):
+            per_sample[owner].append(res)
+        for (s, action), res in zip(pending, per_sample):
+            s.searches += 1
+            budget = min(self.config.max_obs_tokens, self.config.max_context_tokens - s.length - 1)
+            obs, dropped = self._observation_ids([r.passages for r in res], budget)
+            log = s.turns[-1]
+            log["doc_ids"] = [[p.id for p in r.passages] for r in res]
+            log["obs_tokens"] = len(obs)
+            log["passages_dropped"] = dropped
+            if any(r.log for r in res):
+                log["search_log"] = [r.log for r in res]
+            if not obs:
+                finish(s, "context")
+                continue
+            s.extend(obs, None)
+
+    def _to_row(self, s: _Sample) -> dict[str, Any]:
+        return {
+            "id": f"{s.row.id}#{s.sample_index}",
+            "row_id": s.row.id,
+            "sample_index": s.sample_index,
+            "group_id": s.group_id,
+            "question": s.row.question,
+            "golden_answers": list(s.row.golden_answers),
+            "prompt_ids": s.prompt_ids,
+            "response_ids": s.response_ids,
+            "loss_mask": s.loss_mask,
+            "logprobs": s.logprobs,
+            "turns": json.dumps(s.turns, ensure_ascii=False),
+            "response_text": self.tokenizer.decode(s.response_ids, skip_special_tokens=False),
+            "prediction": s.prediction,
+            "finish_reason": s.finish or "max_turns",
+            "num_turns": len(s.turns),
+            "num_searches": s.searches,
+            "num_invalid": s.invalid,
+            "prompt_tokens": len(s.prompt_ids),
+            "response_tokens": len(s.response_ids),
+            "policy_tokens": sum(s.loss_mask),
+        }

@@ -1,0 +1,55 @@
+"""The search interface the rollout engine talks to.
+
+Every query carries the context of the row that issued it (row id, question, gold
+answers), because the ZeroSearch simulator writes documents *for that question*; the
+anchor code sent another row's question when some rows of a batch did not search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol, Sequence
+
+from zsearch_cli.errors import ZsearchError
+from zsearch_cli.retrieval.base import Passage
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    """One query and the row that issued it."""
+
+    query: str
+    row_id: str
+    question: str
+    golden_answers: tuple[str, ...]
+    sample_index: int = 0
+
+
+@dataclass
+class SearchResult:
+    """The passages for one request, plus anything the backend wants logged in the
+    trajectory (the simulator records p(t), its draw and its raw output here)."""
+
+    passages: list[Passage]
+    log: dict[str, Any] = field(default_factory=dict)
+
+
+class SearchBackendError(ZsearchError):
+    """The backend failed after its retries. ``completed`` holds the trajectories the
+    engine had already finished, so a caller can save them before exiting."""
+
+    def __init__(self, message: str, completed: list[Any] | None = None):
+        super().__init__(message)
+        self.completed = completed or []
+
+
+class SearchBackend(Protocol):
+    name: str
+
+    def search(self, requests: Sequence[SearchRequest], topk: int) -> list[SearchResult]:
+        """All of a turn's queries in one batched call; one result per request, in order."""
+        ...
+
+    def set_progress(self, step: int, total_steps: int) -> None:
+        """Training progress (the simulator's noise curriculum reads it); others ignore it."""
+        ...

@@ -1,0 +1,30 @@
+"""``--search`` strings to backends, through a plain mapping of prefixes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from zsearch_cli.errors import ZsearchError
+
+INDEX_METHODS = ("bm25", "dense", "hybrid", "auto", "index")
+
+
+def make_search_backend(spec: str, index_dir: str | Path | None = None, **kwargs):
+    """``bm25|dense|hybrid|auto`` (in-process index at ``index_dir``), ``http://host:port``,
+    or ``serpapi``."""
+    spec = spec.strip()
+    if spec in INDEX_METHODS:
+        from zsearch_cli.search.local import IndexSearch
+
+        if index_dir is None:
+            raise ZsearchError(f"--search {spec} needs --index DIR (build one with `zsearch index`)")
+        return IndexSearch(index_dir, method="auto" if spec == "index" else spec)
+    if spec.startswith(("http://", "https://")):
+        from zsearch_cli.search.http import HTTPSearch
+
+        return HTTPSearch(spec, **kwargs)
+    if spec == "serpapi":
+        from zsearch_cli.search.web import SerpAPISearch
+
+        return SerpAPISearch(**kwargs)
+    raise ZsearchError(f"unknown --search {spec!r}: use bm25, dense, hybrid, http://host:port or serpapi")

@@ -1,0 +1,28 @@
+"""Search through a running ``zsearch serve`` (or Search-R1's retriever) at ``http://host:port``."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from zsearch_cli.search.base import SearchBackendError, SearchRequest, SearchResult
+from zsearch_cli.errors import ZsearchError
+
+
+class HTTPSearch:
+    def __init__(self, url: str, timeout: float = 10.0, retries: int = 3, backoff: float = 0.5):
+        from zsearch_cli.retrieval.client import RetrievalClient
+
+        self.client = RetrievalClient(url, timeout=timeout, retries=retries, backoff=backoff)
+        self.name = f"http:{url}"
+
+    def search(self, requests: Sequence[SearchRequest], topk: int) -> list[SearchResult]:
+        if not requests:
+            return []
+        try:
+            hits = self.client.retrieve([r.query for r in requests], topk)
+        except ZsearchError as err:
+            raise SearchBackendError(str(err)) from None
+        return [SearchResult(passages=h) for h in hits]
+
+    def set_progress(self, step: int, total_steps: int) -> None:
+        pass

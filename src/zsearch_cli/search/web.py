@@ -1,0 +1,71 @@
+"""Web search through SerpAPI (Google results), for evaluation and real-search collection.
+
+The key comes from the ``SERPAPI_API_KEY`` environment variable. Each result becomes a
+Passage with the page title and snippet; the id is the result's link.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Sequence
+
+import requests
+
+from zsearch_cli.errors import ZsearchError
+from zsearch_cli.retrieval.base import Passage
+from zsearch_cli.retry import PermanentError, with_retries
+from zsearch_cli.search.base import SearchBackendError, SearchRequest, SearchResult
+
+SERPAPI_URL = "https://serpapi.com/search.json"
+
+
+class SerpAPISearch:
+    def __init__(
+        self,
+        api_key: str | None = None,
+        base_url: str = SERPAPI_URL,
+        timeout: float = 15.0,
+        retries: int = 3,
+        backoff: float = 1.0,
+        concurrency: int = 8,
+        engine: str = "google",
+    ):
+        self.api_key = api_key or os.environ.get("SERPAPI_API_KEY")
+        if not self.api_key:
+            raise ZsearchError("serpapi search needs an API key: set the SERPAPI_API_KEY environment variable")
+        self.base_url, self.timeout, self.retries, self.backoff = base_url, timeout, retries, backoff
+        self.concurrency, self.engine = concurrency, engine
+        self.session = requests.Session()
+        self.name = f"serpapi:{engine}"
+
+    def _one(self, query: str, topk: int) -> list[Passage]:
+        def call() -> list[Passage]:
+            resp = self.session.get(
+                self.base_url,
+                params={"engine": self.engine, "q": query, "num": topk, "api_key": self.api_key},
+                timeout=self.timeout,
+            )
+            if 400 <= resp.status_code < 500 and resp.status_code != 429:
+                raise PermanentError(f"HTTP {resp.status_code}: {resp.text[:200]}")
+            resp.raise_for_status()
+            results = resp.json().get("organic_results") or []
+            return [
+                Passage(id=str(r.get("link", "")), title=str(r.get("title", "")), text=str(r.get("snippet", "")))
+                for r in results[:topk]
+            ]
+
+        return with_retries(call, what=f"serpapi query {query[:60]!r}", retries=self.retries, backoff=self.backoff)
+
+    def search(self, requests_: Sequence[SearchRequest], topk: int) -> list[SearchResult]:
+        if not requests_:
+            return []
+        try:
+            with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+                hits = list(pool.map(lambda r: self._one(r.query, topk), requests_))
+        except ZsearchError as err:
+            raise SearchBackendError(str(err)) from None
+        return [SearchResult(passages=h) for h in hits]
+
+    def set_progress(self, step: int, total_steps: int) -> None:
+        pass

@@ -1,0 +1,1 @@
+"""Stage modules: read inputs, call the library, validate and write outputs."""

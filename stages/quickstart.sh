@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# The zsearch demo: index the bundled corpus (BM25 + dense), serve it over HTTP, search it,
+# and evaluate the embedded smollm2 model on the bundled test split (agent and rag).
+# Every path is a variable; override any of them from the environment.
+set -euo pipefail
+
+OUT=${OUT:-runs/demo}
+INDEX=${INDEX:-$OUT/index}
+PORT=${PORT:-8765}
+MODEL=${MODEL:-smollm2}
+EVAL_LIMIT=${EVAL_LIMIT:-24}
+TURN_TOKENS=${TURN_TOKENS:-160}
+
+echo "== 1. index the bundled corpus (BM25 + dense MiniLM)"
+zsearch index --out "$INDEX" --kind bm25,dense
+
+echo "== 2. search it (in-process, hybrid)"
+zsearch search "Which river flows through Vienna?" --index "$INDEX" --topk 3
+
+echo "== 3. serve it on 127.0.0.1:$PORT and query /retrieve"
+zsearch serve --index "$INDEX" --port "$PORT" &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null || true' EXIT
+python - "$PORT" <<'PY'
+import sys, time
+from zsearch_cli.retrieval.client import RetrievalClient
+client = RetrievalClient(f"http://127.0.0.1:{sys.argv[1]}", retries=20, backoff=0.25)
+client.health()
+for query, hits in zip(["who discovered polonium", "tallest mountain in the world"],
+                       client.retrieve(["who discovered polonium", "tallest mountain in the world"], 2)):
+    print(f"  {query!r}:")
+    for h in hits:
+        print(f"    {h.score:6.2f}  {h.title}: {h.text[:70]}...")
+PY
+
+echo "== 4. evaluate $MODEL on the bundled test split (first $EVAL_LIMIT questions)"
+for METHOD in rag agent; do
+  zsearch eval --model "$MODEL" --method "$METHOD" --search "http://127.0.0.1:$PORT" \
+    --datasets demo --limit "$EVAL_LIMIT" --max-turn-tokens "$TURN_TOKENS" --out "$OUT/eval"
+done
+echo "== done: results in $OUT/eval (per-example Parquet, summaries, em.png)"
