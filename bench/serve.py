@@ -51,8 +51,10 @@ def zipf_probs(size: int, exponent: float = 1.0) -> np.ndarray:
     return p / p.sum()
 
 
-def write_corpus(path: Path, docs: int, seed: int, vocab_size: int = 30_000, words_per_doc: int = 100) -> np.ndarray:
-    """A seeded Zipfian corpus of ~100-word passages (wiki-18's passage length) as Parquet."""
+def write_corpus(path: Path, docs: int, seed: int, vocab_size: int = 30_000) -> np.ndarray:
+    """A seeded Zipfian corpus of 60-140-word passages (wiki-18's are 100 words) as Parquet.
+
+    Lengths vary so BM25's length normalisation spreads the scores as on real text."""
     rng = np.random.default_rng(seed)
     vocab = vocabulary(vocab_size, rng)
     probs = zipf_probs(vocab_size)
@@ -60,11 +62,12 @@ def write_corpus(path: Path, docs: int, seed: int, vocab_size: int = 30_000, wor
     chunk = 10_000
     for start in range(0, docs, chunk):
         n = min(chunk, docs - start)
-        draws = vocab[rng.choice(vocab_size, size=(n, words_per_doc), p=probs)]
-        for i, row in enumerate(draws):
+        draws = vocab[rng.choice(vocab_size, size=(n, 140), p=probs)]
+        lengths = rng.integers(60, 141, size=n)
+        for i, (row, length) in enumerate(zip(draws, lengths)):
             ids.append(f"doc{start + i}")
             titles.append(" ".join(row[:2]).title())
-            texts.append(" ".join(row))
+            texts.append(" ".join(row[:length]))
     pq.write_table(pa.table({"id": ids, "title": titles, "text": texts}), path)
     return vocab
 

@@ -23,7 +23,7 @@ import uvicorn
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.retrieval.client import RetrievalClient
 from zsearch_cli.retrieval.index import build_index, load_index
-from zsearch_cli.retrieval.server import bind_socket, create_app, is_loopback
+from zsearch_cli.retrieval.server import bind_socket, create_app, is_loopback, serving
 
 WORDS = ("river castle engine violin comet forest harbor glacier orbit piano desert lantern "
          "falcon copper meadow volcano library canyon thunder marble saddle crystal beacon "
@@ -46,32 +46,6 @@ def index_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def index(index_dir: Path) -> Any:
     return load_index(index_dir)
-
-
-@contextmanager
-def serving(app: Any) -> Iterator[str]:
-    """Run ``app`` with uvicorn on a free loopback port in a thread; yields its base URL."""
-    sock = bind_socket("127.0.0.1", 0)
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 10
-    while True:
-        try:
-            if requests.get(url + "/health", timeout=1).ok:
-                break
-        except requests.ConnectionError:
-            pass
-        assert time.monotonic() < deadline, "server did not come up"
-        time.sleep(0.02)
-    try:
-        yield url
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
 
 
 @pytest.fixture(scope="module")
@@ -240,6 +214,9 @@ def scripted_server(statuses: list[int]) -> Iterator[tuple[str, list[int]]]:
             self.rfile.read(int(self.headers.get("content-length", 0)))
             status = statuses[min(len(seen), len(statuses) - 1)]
             seen.append(status)
+            if status == 0:  # 0 means: answer too late (after the client's timeout)
+                time.sleep(0.4)
+                status = 200
             body = json.dumps({"result": [[{"document": {"id": "d1", "contents": '"T"\nbody'}, "score": 1.0}]]}
                               if status == 200 else {"error": f"scripted {status}"}).encode()
             self.send_response(status)
@@ -266,6 +243,14 @@ def test_client_retries_5xx_then_succeeds() -> None:
         hits = RetrievalClient(base, retries=3, backoff=0.01).retrieve(["q"], 1)
     assert seen == [503, 502, 200]
     assert [(p.id, p.title, p.text, p.score) for p in hits[0]] == [("d1", "T", "body", 1.0)]
+
+
+def test_client_retries_timeouts() -> None:
+    with scripted_server([0, 0, 200]) as (base, seen):
+        with pytest.raises(ZsearchError, match=r"failed after 2 attempt\(s\): timed out after 0.1s"):
+            RetrievalClient(base, timeout=0.1, retries=1, backoff=0.01).retrieve(["q"], 1)
+        assert len(RetrievalClient(base, timeout=0.1, retries=1, backoff=0.01).retrieve(["q"], 1)) == 1
+    assert len(seen) == 3
 
 
 def test_client_gives_up_after_bounded_retries() -> None:
@@ -341,3 +326,13 @@ def test_cli_serve_port_in_use_is_one_line_error(index_dir: Path) -> None:
         )
     assert proc.returncode == 2
     assert f"cannot listen on 127.0.0.1:{port}" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cli_serve_non_loopback_host_warns(index_dir: Path) -> None:
+    # 192.0.2.1 (TEST-NET-1) is not ours to bind: we see the warning, then a one-line error.
+    proc = subprocess.run(
+        [sys.executable, "-m", "zsearch_cli.cli", "serve", "--index", str(index_dir), "--host", "192.0.2.1", "--port", "0"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert "warning: listening on 192.0.2.1, not loopback" in " ".join(proc.stderr.split())
+    assert proc.returncode == 2 and "cannot listen on 192.0.2.1:0" in proc.stderr

@@ -87,7 +87,7 @@ def search(
 def serve(
     index_dir: Path = typer.Option(Path("runs/index"), "--index", help="Index directory from `zsearch index`."),
     host: str = typer.Option("127.0.0.1", help="Bind address; anything but loopback must be asked for explicitly."),
-    port: int = typer.Option(8000, help="TCP port."),
+    port: int = typer.Option(8000, help="TCP port; 0 picks a free one (printed at start)."),
     method: str = typer.Option("auto", help="bm25, dense, hybrid, or auto."),
     max_queries: int = typer.Option(512, help="Most queries one request may carry."),
     max_topk: int = typer.Option(100, help="Largest topk a request may ask for."),

@@ -166,7 +166,8 @@ def outcome_reward(
 
 def difficulty_reward(k: int, n: int) -> float:
     """I(0<k<n)·(n−k)/(n−1) (Dr. Zero eq. 4): 1 when one of n solver tries is right,
-    falling linearly to 0 at n−1 right; 0 when none or all are right."""
+    falling linearly to 1/(n−1) at n−1 right; 0 when none or all are right (and for
+    n = 1, where no 0<k<1 exists)."""
     if not 0 <= k <= n:
         raise ValueError(f"k must be in [0, n], got k={k}, n={n}")
     return (n - k) / (n - 1) if 0 < k < n else 0.0
@@ -262,7 +263,8 @@ def proposer_format_reward(response: str, hops: int) -> dict[str, float | bool |
     }
     integrity = bool(question) and bool(answer) and not answer_in_question(answer or "", question or "")
     total = sum(parts.values()) if integrity else 0.0
-    return {**parts, "integrity": integrity, "total": total, "searches": valid, "invalid_calls": invalid_calls}
+    counts = {"searches": valid, "invalid_calls": invalid_calls}
+    return {**parts, "integrity": integrity, "total": total, **counts}
 
 
 def proposer_reward(k: int, n: int, fmt: dict) -> float:

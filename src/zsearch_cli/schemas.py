@@ -85,7 +85,7 @@ TRAJECTORY = Artifact(
         ("turns", _str),            # JSON list: per turn text, action, queries, doc ids, search log
         ("response_text", _str),    # decoded response, for humans only (never re-tokenized)
         ("prediction", _str),       # content of the last <answer>, null if none
-        ("finish_reason", _str),    # answer | eos | length | max_turns | context | search_error
+        ("finish_reason", _str),    # answer | eos | length | max_turns | context | invalid
         ("num_turns", pa.int32()),
         ("num_searches", pa.int32()),
         ("num_invalid", pa.int32()),

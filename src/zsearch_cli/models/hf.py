@@ -191,29 +191,22 @@ class HFBackend:
         )
         cache, logits = out.past_key_values, out.logits[:, -1, :]
         next_pos = positions[:, -1] + 1
-        active = list(range(n))  # original row index of each batch row still generating
+        # Finished rows leave the batch when the cache supports it (less work per step);
+        # otherwise they keep being computed and their outputs are ignored.
+        compact = hasattr(cache, "batch_select_indices")
+        active: list[int | None] = list(range(n))  # batch row -> result index, None = done
         for step in range(steps):
             tokens, logprobs = pick_tokens(logits, params, None if uniforms is None else uniforms[:, step])
-            keep: list[int] = []
             for b, (tok, lp) in enumerate(zip(tokens.tolist(), logprobs.tolist())):
-                res = results[active[b]]
-                res.token_ids.append(tok)
-                res.logprobs.append(lp)
-                if tok in self.eos_ids:
-                    res.finish_reason = "eos"
+                row = active[b]
+                if row is None:
                     continue
-                if stop:
-                    tail = self.tokenizer.decode(
-                        res.token_ids[-window:], skip_special_tokens=False, clean_up_tokenization_spaces=False
-                    )
-                    hit = _first_stop(tail, stop)
-                    if hit is not None:
-                        res.finish_reason, res.stop_string = "stop", hit
-                        continue
-                keep.append(b)  # still 'length' if this was the last step
+                if self._append(results[row], tok, lp, stop, window):
+                    active[b] = None  # still 'length' if this was the last step
+            keep = [b for b, row in enumerate(active) if row is not None]
             if not keep or step == steps - 1:
                 break
-            if len(keep) < len(active):  # drop finished rows from every batched tensor
+            if compact and len(keep) < len(active):
                 idx = torch.as_tensor(keep, device=self.device)
                 cache.batch_select_indices(idx)
                 tokens, mask, next_pos = tokens[idx], mask[idx], next_pos[idx]
@@ -231,3 +224,24 @@ class HFBackend:
             cache, logits = out.past_key_values, out.logits[:, -1, :]
             next_pos = next_pos + 1
         return results
+
+    def _append(self, res: GenerationOutput, tok: int, logprob: float, stop: Sequence[str], window: int) -> bool:
+        """Record one sampled token; return True when it ends the row (EOS or a stop string).
+
+        The stop check decodes only the last ``window`` new tokens: a stop string that was not
+        there one step ago must end in the newest token, so it lies inside that tail.
+        """
+        res.token_ids.append(tok)
+        res.logprobs.append(logprob)
+        if tok in self.eos_ids:
+            res.finish_reason = "eos"
+            return True
+        if stop:
+            tail = self.tokenizer.decode(
+                res.token_ids[-window:], skip_special_tokens=False, clean_up_tokenization_spaces=False
+            )
+            hit = _first_stop(tail, stop)
+            if hit is not None:
+                res.finish_reason, res.stop_string = "stop", hit
+                return True
+        return False

@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -77,6 +78,7 @@ def _materialize_smollm2(target: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = _smollm2_gguf()
+    print(f"zsearch: preparing the default model once (dequantizing {gguf.name} into {target})", file=sys.stderr)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     # The weights are dequantized fp32 now; without this, save_pretrained refuses (GGUF is
@@ -84,7 +86,9 @@ def _materialize_smollm2(target: Path) -> None:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         delattr(model.config, "quantization_config")
-    model.config.name_or_path = SMOLLM2_ALIAS
+    # The GGUF's free-text name lands here; say what the folder really holds.
+    model.config._model_name_or_path = f"HuggingFaceTB/SmolLM2-135M-Instruct (dequantized from {gguf.name})"
+    tokenizer.model_max_length = model.config.max_position_embeddings
     _choose_pad_token(tokenizer)
     _sync_pad_into_model(model, tokenizer)
     # SmolLM2-Instruct ends turns with <|im_end|> (its EOS), but it was pretrained with
@@ -103,6 +107,7 @@ def _materialize_smollm2(target: Path) -> None:
         (tmp / "zsearch_source.json").write_text(
             json.dumps({"gguf": str(gguf), "gguf_bytes": gguf.stat().st_size}, indent=2) + "\n"
         )
+        tmp.chmod(0o755)  # mkdtemp makes it 0700; the cache is an ordinary folder
         try:
             os.rename(tmp, target)
         except OSError:
@@ -110,6 +115,19 @@ def _materialize_smollm2(target: Path) -> None:
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _smollm2_cache_is_current(target: Path) -> bool:
+    """A complete cache built from the GGUF that is installed now (when one is installed:
+    the cache alone is enough to run, so a missing package does not invalidate it)."""
+    if not _folder_is_complete(target):
+        return False
+    try:
+        source = json.loads((target / "zsearch_source.json").read_text())
+        gguf = _smollm2_gguf()
+    except (OSError, ValueError, ZsearchError):
+        return True
+    return source.get("gguf_bytes") == gguf.stat().st_size
 
 
 def resolve_model_path(name: str) -> str:
@@ -121,8 +139,8 @@ def resolve_model_path(name: str) -> str:
     """
     if name == SMOLLM2_ALIAS:
         target = smollm2_cache_path()
-        if not _folder_is_complete(target):
-            if target.exists():  # a half-written folder from an older, non-atomic tool
+        if not _smollm2_cache_is_current(target):
+            if target.exists():  # stale (the package changed) or not written by us
                 shutil.rmtree(target, ignore_errors=True)
             _materialize_smollm2(target)
         return str(target)
@@ -233,12 +251,13 @@ def load_model(
     return model, tokenizer
 
 
-def apply_chat(tokenizer: Any, user_text: str) -> list[int]:
-    """Prompt ids for one user turn: the chat template with the assistant header when the
-    tokenizer has a template, else the plain encoding of ``user_text``."""
+def apply_chat(tokenizer: Any, user_text: str, system: str | None = None) -> list[int]:
+    """Prompt ids for one user turn (after an optional system message): the chat template
+    with the assistant header when the tokenizer has a template, else the plain encoding."""
     if getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "system", "content": system}] if system else []
         ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": user_text}],
+            messages + [{"role": "user", "content": user_text}],
             add_generation_prompt=True,
             tokenize=True,
             return_dict=False,
@@ -246,7 +265,8 @@ def apply_chat(tokenizer: Any, user_text: str) -> list[int]:
         if isinstance(ids, Mapping):  # some versions return a BatchEncoding regardless
             ids = ids["input_ids"]
         return [int(i) for i in ids]
-    return list(tokenizer.encode(user_text))
+    text = f"{system}\n\n{user_text}" if system else user_text
+    return list(tokenizer.encode(text))
 
 
 def vllm_available() -> bool:

@@ -75,7 +75,7 @@ class VLLMBackend:
         name_or_path: str,
         dtype: str = "auto",
         seed: int = 0,
-        gpu_memory_utilization: float = 0.5,
+        gpu_memory_utilization: float = 0.5,  # leaves room for a trainer on the same GPU
         enable_prefix_caching: bool = True,
         tokenizer: Any = None,
         **llm_kwargs: Any,
@@ -149,14 +149,19 @@ class VLLMBackend:
 
     def _local_model(self) -> Any:
         """The engine's ``nn.Module`` when the engine runs in this process, else None."""
-        executor = getattr(self.llm.llm_engine, "model_executor", None)
-        worker = getattr(executor, "driver_worker", None)
-        for path in (("worker", "model_runner", "model"), ("model_runner", "model")):
-            obj = worker
-            for attr in path:
-                obj = getattr(obj, attr, None)
-            if obj is not None and hasattr(obj, "load_weights"):
-                return obj
+        engine = self.llm.llm_engine
+        executors = (
+            getattr(engine, "model_executor", None),  # V1 in-process (and V0) engines
+            getattr(getattr(getattr(engine, "engine_core", None), "engine_core", None), "model_executor", None),
+        )
+        for executor in executors:
+            worker = getattr(executor, "driver_worker", None)
+            for path in (("worker", "model_runner", "model"), ("model_runner", "model")):
+                obj = worker
+                for attr in path:
+                    obj = getattr(obj, attr, None)
+                if obj is not None and hasattr(obj, "load_weights"):
+                    return obj
         return None
 
     def update_weights(self, state_dict_iter: Iterable[tuple[str, Any]]) -> None:

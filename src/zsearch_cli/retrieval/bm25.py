@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -43,13 +44,20 @@ EMPTY_TERM = ""
 """bm25s's convention: a term no passage has, so a query with no known terms still runs."""
 
 _POSTINGS = (("doc", np.int32), ("term", np.int32), ("tf", np.int32))
-_CHUNK = 1 << 23  # postings per pass when filling the CSC matrix
+_CHUNK = 1 << 21  # postings per pass when filling the CSC matrix (~100 MB of temporaries)
+_TOKENIZE_ROWS = 8192  # passages tokenized at once: bounds the per-word Python strings alive
 
 
 def bm25_texts(batch: pa.RecordBatch) -> list[str]:
     """What BM25 indexes for a passage: its title and its text."""
     return pc.binary_join_element_wise(batch.column("title").fill_null(""),
                                        batch.column("text").fill_null(""), " ").to_pylist()
+
+
+def _slices(batches: Iterable[pa.RecordBatch], rows: int) -> Iterable[pa.RecordBatch]:
+    for batch in batches:
+        for start in range(0, batch.num_rows, rows):
+            yield batch.slice(start, rows)
 
 
 def lucene_idf(df: np.ndarray, n_docs: int) -> np.ndarray:
@@ -80,7 +88,7 @@ def build_bm25(
     spill = {name: open(out / f"_postings.{name}.bin", "wb") for name, _ in _POSTINGS}
     row = 0
     try:
-        for batch in batches:
+        for batch in _slices(batches, _TOKENIZE_ROWS):
             flat, lens = tokenizer.encode_batch(bm25_texts(batch), vocab)
             lengths[row : row + len(lens)] = lens
             # (doc, term) pairs -> unique with counts: one sort per batch, no Python loop.
@@ -91,8 +99,9 @@ def build_bm25(
             doc.tofile(spill["doc"])
             term.tofile(spill["term"])
             tf.astype(np.int32).tofile(spill["tf"])
-            counts = np.bincount(term, minlength=len(vocab))
-            df = np.concatenate([df, np.zeros(len(vocab) - len(df), np.int64)]) + counts
+            if len(vocab) > len(df):  # grow geometrically: wiki-scale vocabularies reach millions
+                df = np.concatenate([df, np.zeros(max(len(vocab) - len(df), len(df)), np.int64)])
+            np.add.at(df, term, 1)  # each (doc, term) pair is unique: one passage per entry
             row += len(lens)
             if on_rows:
                 on_rows(len(lens))
@@ -100,7 +109,7 @@ def build_bm25(
         for fh in spill.values():
             fh.close()
     vocab.setdefault(EMPTY_TERM, len(vocab))
-    df = np.concatenate([df, np.zeros(len(vocab) - len(df), np.int64)])
+    df = np.concatenate([df, np.zeros(max(0, len(vocab) - len(df)), np.int64)])[: len(vocab)]
     postings = {name: np.memmap(out / f"_postings.{name}.bin", dtype=dt, mode="r") if df.sum() else np.zeros(0, dt)
                 for name, dt in _POSTINGS}
     avgdl = float(lengths.mean()) if n_docs else 0.0
@@ -195,17 +204,25 @@ class BM25Searcher:
     """Top-k BM25 over a built ``bm25/`` directory; ``search`` is batched and thread-safe.
 
     bm25s retrieval only reads its (memory-mapped) arrays, so concurrent callers need no
-    lock; the tokenizer locks its stemmer itself.
+    lock; the tokenizer locks its stemmer itself. ``n_threads`` None = one per core (max 8).
     """
 
-    def __init__(self, directory: Path, info: dict, n_threads: int = 0):
+    PARALLEL_MIN = 32
+    """Batches at least this large are scored on ``n_threads`` threads (numpy's selection
+    releases the GIL); smaller ones are not worth a thread pool."""
+
+    def __init__(self, directory: Path, info: dict, n_threads: int | None = None):
         self.backend = info["backend"]
         self.tokenizer = Tokenizer(info["stemmer"], info["stopwords"])
-        self.n_threads = n_threads
+        self.n_threads = min(os.cpu_count() or 1, 8) if n_threads is None else n_threads
         if self.backend == "bm25s":
             import bm25s
 
             self.model = bm25s.BM25.load(directory, mmap=True, load_vocab=True)
+            # Plain ndarray views of the same mapped pages: np.memmap's per-slice subclass
+            # bookkeeping costs ~3% of query time, which raw in-memory bm25s does not pay.
+            for key in ("data", "indices", "indptr"):
+                self.model.scores[key] = np.asarray(self.model.scores[key])
             self.vocab: dict[str, int] = self.model.vocab_dict
         else:
             with open(directory / "vocab.index.json", encoding="utf-8") as fh:
@@ -217,8 +234,11 @@ class BM25Searcher:
         """``(scores, rows)``, both shaped ``[len(queries), k]``, best first; row -1 = no hit."""
         ids = [self.tokenizer.ids(q, self.vocab) or [self.empty_id] for q in queries]
         if self.backend == "bm25s":
-            rows, scores = self.model.retrieve(ids, k=k, show_progress=False, n_threads=self.n_threads)
+            threads = self.n_threads if len(ids) >= self.PARALLEL_MIN and self.n_threads > 1 else 0
+            rows, scores = self.model.retrieve(ids, k=k, show_progress=False, n_threads=threads)
             scores, rows = np.asarray(scores, dtype=np.float32), np.asarray(rows, dtype=np.int64)
+            order = np.lexsort((rows, -scores), axis=-1)  # equal scores: lower row first, as below
+            scores, rows = np.take_along_axis(scores, order, -1), np.take_along_axis(rows, order, -1)
         else:
             rows, scores = [], []
             for q in ids:

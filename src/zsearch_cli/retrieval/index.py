@@ -156,7 +156,14 @@ def build_index(corpus: Path | None, out: Path, options: dict) -> Path:
     out = Path(out)
     _check_target(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tokenizer = Tokenizer(opts["stemmer"], opts["stopwords"]) if "bm25" in kinds else None  # validates early
+    # Catch option mistakes now, not after ingesting (and tokenizing) a 21M-passage corpus.
+    tokenizer = Tokenizer(opts["stemmer"], opts["stopwords"]) if "bm25" in kinds else None
+    if "dense" in kinds:
+        from zsearch_cli.retrieval.dense import check_faiss_type, pick_device, resolve_encoder
+
+        resolve_encoder(opts["encoder"])
+        check_faiss_type(opts["faiss_type"].strip())
+        pick_device(opts["device"])
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         n_docs, fingerprint = _write_corpus(src, tmp / CORPUS_FILE)
@@ -206,8 +213,12 @@ def read_manifest(index_dir: Path) -> dict[str, Any]:
     return manifest
 
 
-def load_index(index_dir: Path, corpus: Path | None = None, *, device: str = "auto", n_threads: int = 0) -> "SearchIndex":
-    """Open an index directory. With ``corpus``, first check the index was built from it."""
+def load_index(index_dir: Path, corpus: Path | None = None, *, device: str = "auto",
+               n_threads: int | None = None) -> "SearchIndex":
+    """Open an index directory. With ``corpus``, first check the index was built from it.
+
+    ``device`` places the query encoder and dense search (auto = CUDA when present);
+    ``n_threads`` is bm25s's per-batch thread count (None = one per core, 0 = serial)."""
     index_dir = Path(index_dir)
     manifest = read_manifest(index_dir)
     if corpus is not None:
@@ -224,7 +235,8 @@ def load_index(index_dir: Path, corpus: Path | None = None, *, device: str = "au
 class SearchIndex:
     """A loaded index: batched, thread-safe top-k search returning :class:`Passage` lists."""
 
-    def __init__(self, index_dir: Path, manifest: dict[str, Any], device: str = "auto", n_threads: int = 0):
+    def __init__(self, index_dir: Path, manifest: dict[str, Any], device: str = "auto",
+                 n_threads: int | None = None):
         self.index_dir = Path(index_dir)
         self.manifest = manifest
         kinds = manifest["kinds"]
@@ -269,7 +281,10 @@ class SearchIndex:
         return Passage(rec["id"], rec["title"] or "", rec["text"] or "")
 
     def search(self, queries: Sequence[str], topk: int, method: str = "auto") -> list[list[Passage]]:
-        """Top-``topk`` passages for each query, best first (fewer only if the corpus is smaller)."""
+        """Top-``topk`` passages for each query, best first.
+
+        Fewer come back only when the corpus is smaller, or for BM25 when fewer passages
+        contain a query term (BM25 never returns zero-score passages)."""
         if isinstance(queries, str):
             queries = [queries]
         method = self.resolve_method(method)
@@ -322,4 +337,7 @@ def print_search(query: str, index_dir: Path, method: str = "auto", topk: int = 
     for rank, p in enumerate(hits, start=1):
         snippet = p.text if len(p.text) <= 160 else p.text[:157].rstrip() + "..."
         table.add_row(str(rank), f"{p.score:.4f}" if p.score is not None else "", p.id, p.title, snippet)
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    if not hits:
+        console.print("no passage contains any query term" if used == "bm25" else "no results")

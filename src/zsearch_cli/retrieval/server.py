@@ -27,9 +27,11 @@ import json
 import logging
 import socket
 import threading
+import time
 from collections import OrderedDict
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Hashable, Sequence
+from typing import Any, Hashable, Iterator, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -367,3 +369,34 @@ def run_server(
             signal.signal(signal.SIGTERM, previous)
         sock.close()
     print("server stopped", flush=True)
+
+
+@contextmanager
+def serving(app: Any) -> Iterator[str]:
+    """Run ``app`` with uvicorn on a free loopback port in a background thread and yield its
+    base URL once /health answers (tests, benchmarks and notebooks use this)."""
+    import requests
+    import uvicorn
+
+    sock = bind_socket("127.0.0.1", 0)
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            if requests.get(url + "/health", timeout=1).ok:
+                break
+        except requests.ConnectionError:
+            pass
+        if time.monotonic() > deadline:
+            raise ZsearchError(f"{url}: server did not come up within 10 s")
+        time.sleep(0.02)
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()

@@ -61,6 +61,7 @@ class Tokenizer:
         self._lock = threading.Lock()
         self._word_ids: dict[str, int] = {}
         """surface word -> term id, or -1 for a stopword (filled by encode_batch)."""
+        self._cache_vocab: dict[str, int] | None = None
 
     @property
     def config(self) -> dict[str, str]:
@@ -90,6 +91,8 @@ class Tokenizer:
         New terms are appended to ``vocab`` (term -> id, ids dense from 0). Returning flat
         arrays instead of one Python list per document keeps a corpus batch compact.
         """
+        if vocab is not self._cache_vocab:  # the cache holds ids of one vocabulary only
+            self._word_ids, self._cache_vocab = {}, vocab
         docs = [self.words(t) for t in texts]
         cache = self._word_ids
         new = {w for d in docs for w in d if w not in cache}

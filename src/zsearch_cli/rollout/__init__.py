@@ -6,7 +6,6 @@ from zsearch_cli.rollout.protocols import (
     Protocol,
     TagsProtocol,
     ToolCallProtocol,
-    fit_observation,
     get_protocol,
 )
 
@@ -16,6 +15,5 @@ __all__ = [
     "Protocol",
     "TagsProtocol",
     "ToolCallProtocol",
-    "fit_observation",
     "get_protocol",
 ]

@@ -111,7 +111,7 @@ class RolloutEngine:
 
         text = row.prompt if row.prompt is not None else self.protocol.build_prompt(row.question)
         if self.config.chat_template:
-            return list(apply_chat(self.tokenizer, text))
+            return list(apply_chat(self.tokenizer, text, system=self.protocol.system_prompt))
         return self._encode(text)
 
     def _encode(self, text: str) -> list[int]:
@@ -215,6 +215,9 @@ class RolloutEngine:
                     # The model closed its turn without an action. Search-R1 decodes with
                     # skip_special_tokens and keeps going past the EOS; we end the episode.
                     finish(s, "eos")
+                elif self.protocol.end_on_invalid:
+                    s.invalid += 1
+                    finish(s, "invalid")  # Dr. Zero ends a tool-call trajectory on a malformed turn
                 else:
                     s.invalid += 1
                     obs = self._encode(self.protocol.render_invalid(action))

@@ -9,10 +9,11 @@ How an engine uses one (the contract every protocol keeps):
    output (vLLM ``include_stop_str_in_output=True``; HF ``stop_strings`` keeps it);
 2. ``action = protocol.parse(turn_text)``;
 3. ``answer`` -> done; ``search`` -> retrieve ``action.queries`` and append
-   ``protocol.render_observation(docs, action)`` (or :func:`fit_observation` under a token
-   budget); ``invalid`` -> append ``protocol.render_invalid(action)``, or end the trajectory
-   when ``protocol.end_on_invalid``; a search with no budget left ->
-   ``protocol.render_no_search_left()``.
+   ``protocol.render_observation(docs, action)``, dropping whole passages to fit a token
+   budget (the engine's ``_observation_ids``); ``invalid`` -> append
+   ``protocol.render_invalid(action)``, or end the trajectory when
+   ``protocol.end_on_invalid``; a search with no budget left -> end the trajectory as
+   Search-R1 does, or append ``protocol.render_no_search_left()``.
 
 **Which action wins when a turn holds several.** Generation stops at the first closing stop
 string, so a turn holds at most one complete action and it ends the turn. :meth:`parse`
@@ -31,7 +32,7 @@ import json
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, ClassVar, Literal, Sequence
+from typing import TYPE_CHECKING, ClassVar, Literal, Sequence
 
 from zsearch_cli.prompts import (
     DRZERO_SYSTEM_PROMPT,
@@ -146,8 +147,7 @@ class Protocol(ABC):
     @abstractmethod
     def render_observation(self, docs: Docs | None, action: Action | None = None) -> str:
         """The text appended after a search turn; ``docs[j]`` are the passages for query
-        j, best first. ``None`` means no search ran. The token budget is the engine's
-        (see :func:`fit_observation`)."""
+        j, best first. ``None`` means no search ran. The token budget is the engine's."""
 
     @abstractmethod
     def render_invalid(self, action: Action) -> str:
@@ -201,9 +201,9 @@ class TagsProtocol(Protocol):
     def render_no_search_left(self) -> str:
         """Search-R1 itself inserts nothing here: after ``max_turns`` searches it runs one
         final turn with search disabled and ends the trajectory whatever the model wrote, so
-        a search there just goes unanswered (and earns no answer reward). zsearch keeps that
-        turn structure; when an engine does answer such a search, it appends this masked
-        block so the record shows why no results came."""
+        a search there goes unanswered and earns no answer reward (zsearch's engine does the
+        same, finishing with 'max_turns'). An engine that answers such a search instead
+        appends this block, in the shape of a result so it is loss-masked like one."""
         return (
             "\n\n<information>No more searches are allowed. I must now give the final answer "
             "between <answer> and </answer>.</information>\n\n"
@@ -332,24 +332,3 @@ def get_protocol(name: str) -> Protocol:
         return PROTOCOLS[name]()
     except KeyError:
         raise ValueError(f"unknown protocol {name!r}; choose from {sorted(PROTOCOLS)}") from None
-
-
-def fit_observation(
-    protocol: Protocol, docs: Docs, fits: Callable[[str], bool], action: Action | None = None
-) -> tuple[str, int]:
-    """The observation with the fewest passages dropped so that ``fits(text)`` holds, and
-    how many were dropped. Passages go whole, lowest-ranked first, taken from the query
-    that has the most left, so the closing tag always survives. Search-R1 instead cuts the
-    observation's tokens at ``max_obs_length``, which can lose the closing tag.
-    ``fits`` is typically ``lambda s: len(tokenizer(s).input_ids) <= budget``. When even
-    the observation without passages does not fit, that one comes back; the engine decides.
-    """
-    kept = [list(ps) for ps in docs]
-    dropped = 0
-    text = protocol.render_observation(kept, action)
-    while not fits(text) and any(kept):
-        j = max(range(len(kept)), key=lambda i: (len(kept[i]), i))
-        kept[j].pop()
-        dropped += 1
-        text = protocol.render_observation(kept, action)
-    return text, dropped

@@ -1,0 +1,82 @@
+"""Shared fixtures: a tiny random model for fast tests, and the real default model for slow ones.
+
+Everything is offline. torch is imported lazily inside fixtures so test modules that need
+no model do not pay for it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TORCH_THREADS = 2
+"""The CI box has 2 cores; more threads only add contention."""
+
+
+def _limit_torch_threads() -> None:
+    import torch
+
+    if torch.get_num_threads() != TORCH_THREADS:
+        torch.set_num_threads(TORCH_THREADS)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder holding a random tiny Qwen2 model + BPE tokenizer (see ``models/tiny.py``).
+
+    Shared by the whole session: treat it as read-only.
+    """
+    from zsearch_cli.models.tiny import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("tiny_model"), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_and_tokenizer(tiny_model_dir: Path) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` for the tiny model, fp32 on CPU, eval mode.
+
+    Shared by the whole session: do not train it in place (load your own copy with
+    ``load_model(str(tiny_model_dir), trainable=True)`` for that).
+    """
+    from zsearch_cli.models.loading import load_model
+
+    _limit_torch_threads()
+    return load_model(str(tiny_model_dir), device="cpu")
+
+
+@pytest.fixture(scope="session")
+def tiny_backend(tiny_model_and_tokenizer: tuple[Any, Any]) -> Any:
+    """An :class:`HFBackend` on CPU over the session's tiny model."""
+    from zsearch_cli.models.hf import HFBackend
+
+    model, tokenizer = tiny_model_and_tokenizer
+    return HFBackend(model, tokenizer, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def zsearch_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``$ZSEARCH_CACHE`` for the session: the caller's, if set (so CI can keep the
+    dequantized default model between runs), else a fresh temporary folder."""
+    preset = os.environ.get("ZSEARCH_CACHE")
+    if preset:
+        yield Path(preset)
+        return
+    path = tmp_path_factory.mktemp("zsearch_cache")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ZSEARCH_CACHE", str(path))
+        yield path
+
+
+@pytest.fixture(scope="session")
+def smollm2_model_and_tokenizer(zsearch_cache: Path) -> tuple[Any, Any]:
+    """The real default model via the ``smollm2`` alias (fp32, CPU). The first use in a
+    session without a warm ``$ZSEARCH_CACHE`` dequantizes the GGUF (~20-30 s); mark tests
+    that use it ``@pytest.mark.slow``."""
+    from zsearch_cli.models.loading import load_model
+
+    _limit_torch_threads()
+    return load_model("smollm2", device="cpu")
