@@ -60,9 +60,7 @@ def index(
     """Build a BM25 and/or dense index over a corpus."""
     from zsearch_cli.retrieval.index import build_index
 
-    # ctx.params, not resolved_options(): the latter calls click.get_current_context(), which
-    # cannot see typer>=0.29's vendored click context.
-    options = {k: (str(v) if isinstance(v, Path) else v) for k, v in ctx.params.items() if k != "config"}
+    options = resolved_options(ctx)
     path = build_index(corpus, out, options=options)
     typer.echo(f"index written to {path}")
 
@@ -107,6 +105,7 @@ def serve(
 @app.command("eval")
 @stage
 def eval_(
+    ctx: typer.Context,
     datasets: str = typer.Option("demo", help="demo (bundled test split), all (the seven benchmarks), a comma list, or QA files."),
     data_dir: Path = typer.Option(Path("data"), help="Benchmark files, FlashRAG layout: DATA_DIR/nq/test.jsonl."),
     out: Path = typer.Option(Path("runs/eval"), "--out", "-o", help="Output directory."),
@@ -133,7 +132,7 @@ def eval_(
     """Evaluate a model (EM, F1, subEM) per dataset, or score a predictions file."""
     from zsearch_cli.stages.evaluate import EvalOptions, evaluate, score_predictions
 
-    options = resolved_options()
+    options = resolved_options(ctx)
     if predictions is not None:
         score_predictions(predictions, qa, out, options)
         return

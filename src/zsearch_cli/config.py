@@ -13,7 +13,6 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-import click
 import typer
 import yaml
 from rich.console import Console
@@ -37,18 +36,24 @@ def load_yaml_options(path: Path) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
-def _config_callback(ctx: click.Context, param: click.Parameter, value: Optional[Path]) -> Optional[Path]:
+def _config_callback(ctx: typer.Context, param: Any, value: Optional[Path]) -> Optional[Path]:
     if value is None:
         return None
     try:
         options = load_yaml_options(value)
     except ZsearchError as err:
-        raise click.BadParameter(str(err)) from None
-    known = {p.name for p in ctx.command.params}
-    unknown = sorted(set(options) - known)
+        raise typer.BadParameter(str(err)) from None
+    # A key may be the parameter's name (index_dir) or its flag (index for --index).
+    aliases: dict[str, str] = {}
+    for p in ctx.command.params:
+        aliases[p.name] = p.name
+        for opt in getattr(p, "opts", []):
+            if opt.startswith("--"):
+                aliases[opt[2:].replace("-", "_")] = p.name
+    unknown = sorted(k for k in options if k not in aliases)
     if unknown:
-        raise click.BadParameter(f"{value}: unknown option(s) for '{ctx.info_name}': {', '.join(unknown)}")
-    ctx.default_map = {**(ctx.default_map or {}), **options}
+        raise typer.BadParameter(f"{value}: unknown option(s) for '{ctx.info_name}': {', '.join(unknown)}")
+    ctx.default_map = {**(ctx.default_map or {}), **{aliases[k]: v for k, v in options.items()}}
     return value
 
 
@@ -63,9 +68,8 @@ ConfigOption = typer.Option(
 )
 
 
-def resolved_options() -> dict[str, Any]:
-    """The current command's fully resolved options (after YAML and flags), JSON-friendly."""
-    ctx = click.get_current_context()
+def resolved_options(ctx: typer.Context) -> dict[str, Any]:
+    """The command's fully resolved options (after YAML and flags), JSON-friendly."""
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in ctx.params.items() if k != "config"}
 
 
