@@ -165,3 +165,72 @@ def test_lucene_idf_never_negative() -> None:
     idf = lucene_idf(np.array([5, 4, 1, 0]), 5)
     assert idf[0] == pytest.approx(math.log(1 + 0.5 / 5.5))
     assert (idf[:3] > 0).all() and idf[3] == 0
+
+
+# ----------------------------------------------------------------------------- top-k selection
+
+
+def brute_force_topk(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Full sort, score desc then row asc, zero scores dropped, padded to k with (0, -1)."""
+    order = [int(r) for r in np.lexsort((np.arange(len(scores)), -scores)) if scores[r] > 0][:k]
+    rows = np.full(k, -1, dtype=np.int64)
+    best = np.zeros(k, dtype=np.float32)
+    rows[: len(order)] = order
+    best[: len(order)] = scores[order]
+    return best, rows
+
+
+def test_top_k_equals_full_sort_with_ties_and_zeros() -> None:
+    from zsearch_cli.retrieval.bm25 import top_k
+
+    rng = np.random.default_rng(7)
+    for trial in range(300):
+        n = int(rng.integers(1, 60))
+        # Few distinct values (many ties), mostly zeros, sometimes no positive score at all.
+        levels = rng.integers(0, 4, size=n).astype(np.float32) * (rng.random(n) < rng.random())
+        scores = levels.astype(rng.choice([np.float32, np.float64]))
+        for k in (1, 2, 3, 7, n - 1, n, n + 3):
+            if k < 1:
+                continue
+            got_s, got_r = top_k(scores, k)
+            want_s, want_r = brute_force_topk(scores, k)
+            hits = int((want_r >= 0).sum())
+            assert got_r.tolist() == want_r[:hits].tolist(), (trial, k)
+            assert got_s.tolist() == want_s[:hits].tolist(), (trial, k)
+
+
+@pytest.mark.parametrize("backend", ["bm25s", "rank-bm25"])
+def test_search_equals_full_sort_on_random_corpus(tmp_path: Path, backend: str) -> None:
+    """BM25Searcher.search == brute force over the full score vector: best first, equal
+    scores by lower row, zero scores never hits (row -1), fewer than k hits padded."""
+    rng = np.random.default_rng(11)
+    words = [f"w{i}" for i in range(30)]
+    p = 1.0 / np.arange(1, 31)
+    p /= p.sum()
+    texts = [" ".join(rng.choice(words, size=rng.integers(1, 5), p=p)) for _ in range(250)]
+    texts += texts[:50]  # exact duplicates: equal scores on different rows
+    texts += [""] * 5  # passages no query can hit
+    corpus = write_corpus(tmp_path / "c.jsonl", texts)
+    index = load_index(build_index(corpus, tmp_path / "idx", {"kind": "bm25", "bm25_backend": backend, **RAW}))
+    searcher = index._bm25
+    queries = ["w0", "w1 w2", "w0 w0 w3", "w28", "w29 w27", "w5 w17 w25", "unknown", "w0 unknown", ""]
+    queries += [" ".join(rng.choice(words, size=rng.integers(1, 4))) for _ in range(40)]
+    n = len(texts)
+    boundary_ties = few_hits = 0
+    for k in (1, 3, 10, 40, n, n + 2):
+        got_s, got_r = searcher.search(queries, k)
+        assert got_s.shape == got_r.shape == (len(queries), k)
+        for q, gs, gr in zip(queries, got_s, got_r):
+            full = searcher._scores(searcher.tokenizer.ids(q, searcher.vocab) or [searcher.empty_id])
+            want_s, want_r = brute_force_topk(np.asarray(full), k)
+            assert gr.tolist() == want_r.tolist(), (q, k)
+            assert gs.tolist() == want_s.tolist(), (q, k)
+            positive = np.sort(full[full > 0])[::-1]
+            few_hits += len(positive) < k
+            boundary_ties += len(positive) > k and positive[k - 1] == positive[k]
+    assert boundary_ties and few_hits  # the cases that matter did occur
+    # And the same through SearchIndex (k clamped to the corpus size, hits only).
+    for q, hits in zip(queries, index.search(queries, 10, "bm25")):
+        _, want_r = brute_force_topk(np.asarray(searcher._scores(searcher.tokenizer.ids(q, searcher.vocab)
+                                                                 or [searcher.empty_id])), 10)
+        assert [p.id for p in hits] == [f"d{r}" for r in want_r if r >= 0]

@@ -103,6 +103,7 @@ class RolloutEngine:
         self.protocol = protocol
         self.search = search
         self.config = config or RolloutConfig()
+        self._rust = getattr(self.tokenizer, "backend_tokenizer", None)
 
     # ------------------------------------------------------------------ prompt
 
@@ -115,7 +116,22 @@ class RolloutEngine:
         return self._encode(text)
 
     def _encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+        return self._encode_many([text])[0]
+
+    def _encode_many(self, texts: list[str]) -> list[list[int]]:
+        """Observation/template text to ids, tokenized on its own (never merged with the
+        sampled ids before it). Uses the Rust tokenizer directly when there is one: the
+        transformers wrapper's per-id Python checks cost more than the tokenization."""
+        if not texts:
+            return []
+        if self._rust is not None:
+            return [e.ids for e in self._rust.encode_batch(texts, add_special_tokens=False)]
+        return [list(self.tokenizer.encode(t, add_special_tokens=False)) for t in texts]
+
+    def _decode_many(self, ids: list[list[int]]) -> list[str]:
+        if self._rust is not None:
+            return self._rust.decode_batch(ids, skip_special_tokens=False)
+        return self.tokenizer.batch_decode(ids, skip_special_tokens=False)
 
     # ------------------------------------------------------------------ observation
 
@@ -145,7 +161,7 @@ class RolloutEngine:
                 results[longest] = []
                 dropped += 1
             else:
-                results[longest] = [Passage(p.id, p.title, self.tokenizer.decode(text_ids[:keep]), p.score)]
+                results[longest] = [Passage(p.id, p.title, self._decode_many([text_ids[:keep]])[0], p.score)]
 
     # ------------------------------------------------------------------ the loop
 
@@ -191,14 +207,11 @@ class RolloutEngine:
             outs = self.backend.generate([s.prompt_ids + s.response_ids for s in active], params,
                                          stop=self.protocol.stop_strings)
             pending: list[tuple[_Sample, Any]] = []
-            for s, out in zip(active, outs):
-                ids, lps = list(out.token_ids), list(out.logprobs)
-                room = cfg.max_context_tokens - s.length
-                over_budget = len(ids) > room
-                if over_budget:
-                    ids, lps = ids[:room], lps[:room]
-                s.extend(ids, lps)
-                text = self.tokenizer.decode(ids, skip_special_tokens=False)
+            clipped = [list(o.token_ids)[: max(0, cfg.max_context_tokens - s.length)] for s, o in zip(active, outs)]
+            texts = self._decode_many(clipped)  # to parse the action only; the ids are kept as sampled
+            for s, out, ids, text in zip(active, outs, clipped, texts):
+                over_budget = len(ids) < len(out.token_ids)
+                s.extend(ids, list(out.logprobs)[: len(ids)])
                 action = self.protocol.parse(text)
                 s.turns.append({"turn": turn, "text": text, "action": action.kind, "queries": list(action.queries),
                                 "error": action.error, "finish": out.finish_reason, "sampled_tokens": len(ids)})
@@ -227,7 +240,7 @@ class RolloutEngine:
                         s.extend(obs, None)
             self._run_searches(pending, samples, step, finish)
 
-        return [self._to_row(s) for s in samples]
+        return self._to_rows(samples)
 
     def _run_searches(self, pending, samples, step, finish) -> None:
         if not pending:
@@ -243,15 +256,21 @@ class RolloutEngine:
         try:
             results = self.search.search(requests, self.config.topk)
         except ZsearchError as err:
-            done = [self._to_row(s) for s in samples if s.finish is not None]
+            done = self._to_rows([s for s in samples if s.finish is not None])
             raise SearchBackendError(f"search backend failed at step {step}: {err}", completed=done) from None
         per_sample: list[list[Any]] = [[] for _ in pending]
         for owner, res in zip(owners, results):
             per_sample[owner].append(res)
-        for (s, action), res in zip(pending, per_sample):
+        # Render every observation and tokenize them in one batched call; only the few that
+        # exceed their budget go through the passage-dropping loop.
+        texts = [self.protocol.render_observation([r.passages for r in res]) for res in per_sample]
+        encoded = self._encode_many(texts)
+        for (s, action), res, obs in zip(pending, per_sample, encoded):
             s.searches += 1
             budget = min(self.config.max_obs_tokens, self.config.max_context_tokens - s.length - 1)
-            obs, dropped = self._observation_ids([r.passages for r in res], budget)
+            dropped = 0
+            if len(obs) > budget:
+                obs, dropped = self._observation_ids([r.passages for r in res], budget)
             log = s.turns[-1]
             log["doc_ids"] = [[p.id for p in r.passages] for r in res]
             log["obs_tokens"] = len(obs)
@@ -263,7 +282,11 @@ class RolloutEngine:
                 continue
             s.extend(obs, None)
 
-    def _to_row(self, s: _Sample) -> dict[str, Any]:
+    def _to_rows(self, samples: Sequence[_Sample]) -> list[dict[str, Any]]:
+        texts = self._decode_many([s.response_ids for s in samples])
+        return [self._to_row(s, text) for s, text in zip(samples, texts)]
+
+    def _to_row(self, s: _Sample, response_text: str) -> dict[str, Any]:
         return {
             "id": f"{s.row.id}#{s.sample_index}",
             "row_id": s.row.id,
@@ -276,7 +299,7 @@ class RolloutEngine:
             "loss_mask": s.loss_mask,
             "logprobs": s.logprobs,
             "turns": json.dumps(s.turns, ensure_ascii=False),
-            "response_text": self.tokenizer.decode(s.response_ids, skip_special_tokens=False),
+            "response_text": response_text,
             "prediction": s.prediction,
             "finish_reason": s.finish or "max_turns",
             "num_turns": len(s.turns),

@@ -1,0 +1,163 @@
+"""Policy-gradient objectives (FORMULAS §4): pure functions on tensors, no models, no I/O.
+
+``--algo NAME`` maps through the plain dict :data:`ALGOS` to an :class:`AlgoSpec`. One trainer
+loop drives every entry the same way::
+
+    spec = ALGOS[name]
+    cfg = spec.config_cls(**overrides)                     # frozen dataclass, papers' defaults
+
+    # rollout -> rewards [N] (one outcome per response), group_ids (N keys), mask [N, T]
+    # (spec.group_by says what a key is: "prompt" = a string unique per prompt, "hop" = the
+    # hop count; PPO ignores them), and, with no grad:
+    #   old_logp [N, T]   from the rollout policy
+    #   ref_logp [N, T]   from the frozen reference, if spec.needs_reference(cfg)
+    #   values   [N, T]   from the critic, if spec.needs_critic
+    if spec.filter_groups:                                 # DSPO: dynamic outcome filtering
+        keep = filter_mixed_groups(rewards, group_ids)     # [N] bool; collect kept groups and
+        ...                                                # resample while need_more(...)
+    if spec.needs_critic:
+        adv, returns = spec.token_advantages(rewards, old_logp, ref_logp, values, mask, cfg)  # [N, T] x2
+    else:
+        adv = spec.advantages(rewards, group_ids, cfg)     # [N]
+
+    for minibatch in ...:                                  # spec.on_policy: exactly one update
+        logp = gather_logprobs(model(...))                 # [B, T], with grad
+        loss, stats = spec.policy_loss(logp, old_logp, adv, mask, cfg,
+                                       ref_logp=ref_logp, entropy=entropy)   # entropy [B, T] optional
+        if spec.needs_critic:
+            vloss, vstats = spec.value_loss(new_values, values, returns, mask, cfg)
+
+Signatures (all tensors on one device; ``mask`` bool or float, nonzero = policy-sampled token,
+0 = prompt/template/retrieved/padding; it is applied to the policy loss, the KL, the entropy
+and the value loss):
+
+- ``advantages(rewards [N], group_ids: Sequence[Hashable] | Tensor, cfg) -> Tensor [N]``
+  (None for PPO);
+- ``token_advantages(rewards [B], old_logp [B,T], ref_logp [B,T] | None, values [B,T],
+  mask [B,T], cfg) -> (advantages [B,T], returns [B,T])`` (PPO only, else None);
+- ``policy_loss(logp [B,T], old_logp [B,T], advantages [B] or [B,T], mask [B,T], cfg,
+  ref_logp=None, entropy=None) -> (loss 0-dim, stats)``; ``ref_logp`` is required when
+  ``cfg.beta > 0`` and the KL is in the loss (all but PPO, whose KL is in the reward);
+- ``value_loss(values [B,T], old_values [B,T], returns [B,T], mask [B,T], cfg) -> (loss, stats)``
+  (PPO only, else None).
+
+``stats`` is a dict of detached 0-dim tensors: ``loss``, ``pg_loss``, ``clipfrac`` (share of
+policy tokens — of sequences for sequence-level algos — where the clipped branch is active),
+``approx_kl`` (mean over policy tokens of (ρ−1) − log ρ, the k3 estimate of KL(π_old‖π_θ)),
+``ratio_mean``, ``ratio_max`` (of ρ_t; of s_i for sequence-level algos, which add
+``token_ratio_mean``/``token_ratio_max``), ``kl_ref`` (mean k3 D_t, when ``ref_logp`` is given),
+``entropy`` (when ``entropy`` is given); PPO's value loss adds ``vf_loss``, ``vf_clipfrac``,
+``vpred_mean``. :func:`dspo.filter_stats` gives the filter's log line.
+
+Entries: ``reinforce``, ``ppo``, ``grpo``, ``gspo``, ``dspo``, and DSPO's Table 1 ablations
+``dspo-nofilter`` ("w/o dynamic filter", = GSPO) and ``dspo-token`` ("w/o sequence-level opt.",
+DAPO-style token ratio + filter), and ``hrpo`` (Dr. Zero proposer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from zsearch_cli.algos.common import entropy_from_logits
+from zsearch_cli.algos.dspo import (
+    DSPOConfig,
+    DSPOTokenConfig,
+    dspo_advantages,
+    dspo_policy_loss,
+    filter_mixed_groups,
+    filter_stats,
+    first_groups,
+    need_more,
+)
+from zsearch_cli.algos.grpo import GRPOConfig, grpo_advantages, grpo_policy_loss
+from zsearch_cli.algos.gspo import GSPOConfig, gspo_advantages, gspo_policy_loss
+from zsearch_cli.algos.hrpo import HRPOConfig, hrpo_advantages, hrpo_policy_loss
+from zsearch_cli.algos.ppo import PPOConfig, ppo_advantages, ppo_policy_loss, ppo_value_loss
+from zsearch_cli.algos.reinforce import ReinforceConfig, reinforce_advantages, reinforce_policy_loss
+
+
+@dataclass(frozen=True)
+class AlgoSpec:
+    """Everything the trainer needs to know about one ``--algo`` entry."""
+
+    name: str
+    """The ``--algo`` value."""
+    config_cls: type
+    """Frozen config dataclass; ``config_cls()`` holds the paper defaults. Every one has
+    ``lr``, ``group_size`` and ``beta``."""
+    policy_loss: Callable[..., tuple[Any, dict[str, Any]]]
+    """(logp, old_logp, advantages, mask, cfg, ref_logp=None, entropy=None) -> (loss, stats)."""
+    advantages: Callable[..., Any] | None
+    """(rewards [N], group_ids, cfg) -> [N]; None when ``needs_critic``."""
+    token_advantages: Callable[..., Any] | None = None
+    """(rewards [B], old_logp, ref_logp, values, mask, cfg) -> (adv [B,T], returns [B,T]); PPO only."""
+    value_loss: Callable[..., tuple[Any, dict[str, Any]]] | None = None
+    """(values, old_values, returns, mask, cfg) -> (loss, stats); PPO only."""
+    needs_critic: bool = False
+    """A critic must produce values [B, T] (PPO)."""
+    sequence_level: bool = False
+    """The importance ratio is per sequence (GSPO/DSPO), not per token."""
+    filter_groups: bool = False
+    """DSPO dynamic filtering: train only on mixed-reward groups, resampling up to the budget."""
+    group_size_min: int = 1
+    """Smallest sensible ``cfg.group_size`` (group baselines need G >= 2)."""
+    group_by: Literal["prompt", "hop", "none"] = "prompt"
+    """What ``group_ids`` must hold: a per-prompt unique string, the hop count, or nothing used."""
+    on_policy: bool = False
+    """Exactly one gradient update per rollout batch (HRPO: no ratio, no clipping)."""
+
+    def needs_reference(self, cfg: Any = None) -> bool:
+        """A frozen reference's ``ref_logp`` is needed: β > 0 (for ``cfg``, else the defaults)."""
+        cfg = self.config_cls() if cfg is None else cfg
+        return cfg.beta > 0
+
+
+ALGOS: dict[str, AlgoSpec] = {
+    "reinforce": AlgoSpec(
+        "reinforce", ReinforceConfig, reinforce_policy_loss, reinforce_advantages,
+    ),
+    "ppo": AlgoSpec(
+        "ppo", PPOConfig, ppo_policy_loss, None,
+        token_advantages=ppo_advantages, value_loss=ppo_value_loss, needs_critic=True, group_by="none",
+    ),
+    "grpo": AlgoSpec(
+        "grpo", GRPOConfig, grpo_policy_loss, grpo_advantages, group_size_min=2,
+    ),
+    "gspo": AlgoSpec(
+        "gspo", GSPOConfig, gspo_policy_loss, gspo_advantages, sequence_level=True, group_size_min=2,
+    ),
+    "dspo": AlgoSpec(
+        "dspo", DSPOConfig, dspo_policy_loss, dspo_advantages,
+        sequence_level=True, filter_groups=True, group_size_min=2,
+    ),
+    # DSPO Table 1, "w/o dyn. filter": the paper says it "is equivalent to GSPO".
+    "dspo-nofilter": AlgoSpec(
+        "dspo-nofilter", GSPOConfig, gspo_policy_loss, gspo_advantages, sequence_level=True, group_size_min=2,
+    ),
+    # DSPO Table 1, "w/o seq-lvl opt.": "reverts to a strong token-level policy, DAPO".
+    "dspo-token": AlgoSpec(
+        "dspo-token", DSPOTokenConfig, grpo_policy_loss, grpo_advantages, filter_groups=True, group_size_min=2,
+    ),
+    "hrpo": AlgoSpec(
+        "hrpo", HRPOConfig, hrpo_policy_loss, hrpo_advantages, group_by="hop", on_policy=True,
+    ),
+}
+
+__all__ = [
+    "ALGOS",
+    "AlgoSpec",
+    "DSPOConfig",
+    "DSPOTokenConfig",
+    "GRPOConfig",
+    "GSPOConfig",
+    "HRPOConfig",
+    "PPOConfig",
+    "ReinforceConfig",
+    "entropy_from_logits",
+    "filter_mixed_groups",
+    "filter_stats",
+    "first_groups",
+    "need_more",
+]

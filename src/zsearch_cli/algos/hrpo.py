@@ -1,0 +1,92 @@
+"""HRPO, hop-grouped relative policy optimization, for the Dr. Zero proposer (Dr. Zero eq. 2–3;
+FORMULAS §4 "HRPO").
+
+One question per prompt; rewards are standardized within the batch's group I_h of questions
+with the same hop count h:
+
+    A_i = (r_i − mean_{j∈I_h} r_j)/(sqrt(var_{j∈I_h} r_j) + δ)
+
+    L = −(1/N) Σ_h Σ_{i∈I_h} A_i · (1/Σ_t I_{i,t}) Σ_t I_{i,t} log π_θ(y_t)
+
+Strictly on-policy (one update per rollout batch), no ratio, no clipping, β = 0. A singleton
+hop group gets A = 0. var convention: **unbiased** (n−1), the same group statistics as GRPO
+(verl's ``torch.std``), so a hop group of two or more is always defined.
+
+Note: the paper's eq. 2 weights log π_θ(x_i, y_i | R), the *summed* sequence log-prob;
+FORMULAS (followed here) uses the per-token mean over the policy tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from zsearch_cli.algos.common import (
+    GroupIds,
+    bool_mask,
+    detach_stats,
+    expand_advantages,
+    group_normalize,
+    k3_kl,
+    masked_mean,
+    policy_stats,
+    seq_mean_token_mean,
+    token_log_ratio,
+)
+
+
+@dataclass(frozen=True)
+class HRPOConfig:
+    """HRPO hyper-parameters; defaults from Dr. Zero Table 5 (FORMULAS §5–6)."""
+
+    lr: float = 1e-6
+    """Proposer learning rate (Dr. Zero: 5e-7 to 1e-6)."""
+    group_size: int = 1
+    """Questions generated per prompt (Dr. Zero: 1; the baseline comes from the hop group)."""
+    beta: float = 0.0
+    """β of an optional k3 KL term to the reference (Dr. Zero: 0)."""
+    delta: float = 1e-6
+    """δ in A = (r − mean_h)/(sqrt(var_h) + δ)."""
+
+
+def hrpo_advantages(rewards: Tensor, group_ids: GroupIds, cfg: HRPOConfig) -> Tensor:
+    """A_i = (r_i − mean_h r)/(sqrt(var_h r) + δ) over the samples with the same hop count h
+    (var unbiased); a singleton hop group gets A = 0.
+
+    rewards [N], group_ids = the N hop counts -> advantages [N] float32.
+    """
+    return group_normalize(rewards, group_ids, cfg.delta, scale_std=True, singleton="zero")
+
+
+def hrpo_policy_loss(
+    logp: Tensor,
+    old_logp: Tensor | None,
+    advantages: Tensor,
+    mask: Tensor,
+    cfg: HRPOConfig,
+    ref_logp: Tensor | None = None,
+    entropy: Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """L = −(1/N) Σ_i A_i · (1/Σ_t I_{i,t}) Σ_t I_{i,t} log π_θ(y_t)  (+ β·k3 when β > 0).
+
+    logp, mask: [B, T]; advantages: [B]. ``old_logp`` is not used by the loss (strictly
+    on-policy); when given, the ratio stats report how far from on-policy the batch is
+    (clipfrac is always 0).
+    """
+    m = bool_mask(mask)
+    adv = expand_advantages(advantages, logp)  # [B, T]
+    pg_loss = seq_mean_token_mean(-adv * logp.float(), m)
+    loss = pg_loss
+    if cfg.beta > 0:
+        if ref_logp is None:
+            raise ValueError(f"beta={cfg.beta} > 0 needs ref_logp")
+        loss = pg_loss + cfg.beta * seq_mean_token_mean(k3_kl(logp, ref_logp, m), m)
+    with torch.no_grad():
+        old = logp.detach() if old_logp is None else old_logp
+        log_ratio = token_log_ratio(logp, old, m)  # [B, T]
+        stats = policy_stats(log_ratio, torch.zeros_like(m), m, logp=logp, ref_logp=ref_logp, entropy=entropy)
+        stats["seq_logp_mean"] = masked_mean(logp.float(), m, dim=-1).mean()
+    stats.update(loss=loss, pg_loss=pg_loss)
+    return loss, detach_stats(stats)
