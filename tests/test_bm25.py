@@ -192,11 +192,18 @@ def test_top_k_equals_full_sort_with_ties_and_zeros() -> None:
         for k in (1, 2, 3, 7, n - 1, n, n + 3):
             if k < 1:
                 continue
-            got_s, got_r = top_k(scores, k)
             want_s, want_r = brute_force_topk(scores, k)
             hits = int((want_r >= 0).sum())
-            assert got_r.tolist() == want_r[:hits].tolist(), (trial, k)
-            assert got_s.tolist() == want_s[:hits].tolist(), (trial, k)
+            # Candidates as posting lists give them: each positive row once per term it
+            # has (1..repeats times), shuffled, plus some zero-score rows.
+            repeats = int(rng.integers(1, 5))
+            cand = np.repeat(np.arange(n), rng.integers(1, repeats + 1, size=n) * (scores > 0))
+            zero = np.flatnonzero(scores == 0)
+            cand = np.concatenate([cand, rng.choice(zero, size=min(len(zero), 3))]) if len(zero) else cand
+            cand = rng.permutation(cand).astype(np.int32)
+            for got_s, got_r in (top_k(scores, k), top_k(scores, k, cand, repeats)):
+                assert got_r.tolist() == want_r[:hits].tolist(), (trial, k)
+                assert got_s.tolist() == want_s[:hits].tolist(), (trial, k)
 
 
 @pytest.mark.parametrize("backend", ["bm25s", "rank-bm25"])

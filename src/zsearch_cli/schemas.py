@@ -142,8 +142,42 @@ PREDICTIONS = Artifact(
     optional=frozenset({"golden_answers"}),
 )
 
+ROLLOUT = Artifact(
+    "rollout",
+    pa.schema([
+        *TRAJECTORY.schema,
+        ("step", pa.int32()),        # training step that sampled it
+        ("gen_batch", pa.int32()),   # generation batch within the step (DSPO samples several)
+        ("reward", pa.float32()),    # the training reward (metric + optional format bonus)
+        ("em", pa.float32()),
+        ("f1", pa.float32()),
+        ("subem", pa.float32()),
+        ("advantage", pa.float32()),  # A_i; PPO: mean of A_t over the policy tokens; null if not trained on
+        ("kept", pa.bool_()),         # used for the update (DSPO drops uniform-reward groups)
+    ]),
+    unique="id",
+    optional=frozenset({"advantage"}),
+)
+
+_f64 = pa.float64()
+METRIC_COLUMNS: tuple[str, ...] = (
+    "reward_mean", "reward_std", "em", "f1", "subem", "response_length", "policy_tokens", "turns",
+    "searches", "invalid", "answered", "kl", "entropy", "clipfrac", "approx_kl", "pg_loss", "loss",
+    "grad_norm", "vf_loss", "vf_clipfrac", "critic_grad_norm", "lr", "critic_lr", "samples",
+    "kept_groups", "kept_frac", "gen_batches", "tokens_wasted", "noise_p", "logp_mismatch",
+    "time_rollout", "time_reward", "time_update", "time_step",
+)  # fmt: skip
+"""Per-step training metrics, all float64 (null when a metric does not apply to the run)."""
+
+METRICS = Artifact(
+    "metrics",
+    pa.schema([("step", pa.int32()), *[(c, _f64) for c in METRIC_COLUMNS]]),
+    unique="step",
+    optional=frozenset(METRIC_COLUMNS),
+)
+
 ALL_ARTIFACTS: dict[str, Artifact] = {
-    a.name: a for a in (CORPUS, QA, TRAJECTORY, EVAL_EXAMPLE, EVAL_SUMMARY, PREDICTIONS)
+    a.name: a for a in (CORPUS, QA, TRAJECTORY, EVAL_EXAMPLE, EVAL_SUMMARY, PREDICTIONS, ROLLOUT, METRICS)
 }
 
 

@@ -116,32 +116,46 @@ class AlgoSpec:
 
 ALGOS: dict[str, AlgoSpec] = {
     "reinforce": AlgoSpec(
-        "reinforce", ReinforceConfig, reinforce_policy_loss, reinforce_advantages,
+        name="reinforce", config_cls=ReinforceConfig,
+        policy_loss=reinforce_policy_loss, advantages=reinforce_advantages,
     ),
     "ppo": AlgoSpec(
-        "ppo", PPOConfig, ppo_policy_loss, None,
-        token_advantages=ppo_advantages, value_loss=ppo_value_loss, needs_critic=True, group_by="none",
+        name="ppo", config_cls=PPOConfig,
+        policy_loss=ppo_policy_loss, advantages=None, token_advantages=ppo_advantages, value_loss=ppo_value_loss,
+        needs_critic=True, group_by="none",
     ),
     "grpo": AlgoSpec(
-        "grpo", GRPOConfig, grpo_policy_loss, grpo_advantages, group_size_min=2,
+        name="grpo", config_cls=GRPOConfig,
+        policy_loss=grpo_policy_loss, advantages=grpo_advantages,
+        group_size_min=2,
     ),
     "gspo": AlgoSpec(
-        "gspo", GSPOConfig, gspo_policy_loss, gspo_advantages, sequence_level=True, group_size_min=2,
+        name="gspo", config_cls=GSPOConfig,
+        policy_loss=gspo_policy_loss, advantages=gspo_advantages,
+        sequence_level=True, group_size_min=2,
     ),
     "dspo": AlgoSpec(
-        "dspo", DSPOConfig, dspo_policy_loss, dspo_advantages,
+        name="dspo", config_cls=DSPOConfig,
+        policy_loss=dspo_policy_loss, advantages=dspo_advantages,
         sequence_level=True, filter_groups=True, group_size_min=2,
     ),
-    # DSPO Table 1, "w/o dyn. filter": the paper says it "is equivalent to GSPO".
+    # DSPO Table 1 "w/o dyn. filter" (text: "DSPO w/o dynamic filter, which is equivalent to GSPO").
     "dspo-nofilter": AlgoSpec(
-        "dspo-nofilter", GSPOConfig, gspo_policy_loss, gspo_advantages, sequence_level=True, group_size_min=2,
+        name="dspo-nofilter", config_cls=GSPOConfig,
+        policy_loss=gspo_policy_loss, advantages=gspo_advantages,
+        sequence_level=True, group_size_min=2,
     ),
-    # DSPO Table 1, "w/o seq-lvl opt.": "reverts to a strong token-level policy, DAPO".
+    # DSPO Table 1 "w/o seq-lvl opt." (text: "DSPO w/o sequence-level opt., which reverts to a
+    # strong token-level policy, DAPO"): token ratio + the filter.
     "dspo-token": AlgoSpec(
-        "dspo-token", DSPOTokenConfig, grpo_policy_loss, grpo_advantages, filter_groups=True, group_size_min=2,
+        name="dspo-token", config_cls=DSPOTokenConfig,
+        policy_loss=grpo_policy_loss, advantages=grpo_advantages,
+        filter_groups=True, group_size_min=2,
     ),
     "hrpo": AlgoSpec(
-        "hrpo", HRPOConfig, hrpo_policy_loss, hrpo_advantages, group_by="hop", on_policy=True,
+        name="hrpo", config_cls=HRPOConfig,
+        policy_loss=hrpo_policy_loss, advantages=hrpo_advantages,
+        group_by="hop", on_policy=True,
     ),
 }
 

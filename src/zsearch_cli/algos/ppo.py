@@ -67,8 +67,9 @@ class PPOConfig:
     vf_coef: float = 1.0
     """Multiplier of the value loss. The critic is a separate model with its own optimizer in
     Search-R1/verl, so 1 (the ½ of the squared error is inside the value loss)."""
-    whiten_advantages: bool = True
-    """Whiten the GAE advantages over the batch's policy tokens (verl/Search-R1 do)."""
+    whiten_advantages: bool = False
+    """Whiten the GAE advantages over the batch's policy tokens. Off: FORMULAS' A_t is the raw
+    GAE sum. verl (which Search-R1 ran) whitens; set True to reproduce that."""
 
 
 @torch.no_grad()

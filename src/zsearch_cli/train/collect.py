@@ -1,0 +1,122 @@
+"""Rollout → reward → (DSPO) filter: what one training step trains on.
+
+Without filtering this is one generation batch of B prompts × G samples. With DSPO's dynamic
+outcome filtering (DSPO eq. 9) generation batches are drawn until B mixed-reward groups are
+kept or ``max_gen_batches`` is spent; the step then trains on what it has and says so.
+Every generated trajectory is returned (``kept`` says which are trained on), so metrics
+describe the policy, not the filter's survivors.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from zsearch_cli.rewards import extract_answer, outcome_reward, score_answer
+from zsearch_cli.rollout.engine import RolloutEngine
+from zsearch_cli.train.data import TrainData
+
+RewardFn = Callable[[dict[str, Any]], float]
+"""Optional override of the training reward, one trajectory at a time (e.g. a stage with its
+own reward); the default is the run's ``--reward`` metric plus ``--format-bonus``."""
+
+
+@dataclass
+class Collected:
+    trajs: list[dict[str, Any]]
+    """Every trajectory generated this step, with reward/em/f1/subem/step/gen_batch/kept."""
+    gen_batches: int = 1
+    kept_groups: int | None = None
+    """DSPO: mixed groups trained on (None when the algorithm does not filter)."""
+    total_groups: int = 0
+    tokens_wasted: float | None = None
+    """DSPO: sampled (mask-1) tokens of the samples not trained on."""
+    time_rollout: float = 0.0
+    time_reward: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    """Human-readable remarks for the log (e.g. the filter ran out of budget)."""
+
+    @property
+    def train(self) -> list[dict[str, Any]]:
+        return [t for t in self.trajs if t["kept"]]
+
+
+def score(trajs: list[dict[str, Any]], metric: str, protocol: str, format_bonus: float,
+          reward_fn: RewardFn | None = None) -> None:
+    """Add ``em``/``f1``/``subem`` (of the last ``<answer>`` in the response) and ``reward``."""
+    for t in trajs:
+        t.update(score_answer(extract_answer(t["response_text"]), t["golden_answers"]))
+        if reward_fn is not None:
+            t["reward"] = float(reward_fn(t))
+        else:
+            t["reward"] = outcome_reward(t["response_text"], t["golden_answers"], metric, protocol, format_bonus)
+
+
+def collect(
+    engine: RolloutEngine,
+    data: TrainData,
+    spec: Any,
+    acfg: Any,
+    step: int,
+    *,
+    metric: str,
+    protocol: str,
+    format_bonus: float = 0.0,
+    reward_fn: RewardFn | None = None,
+    shard: tuple[int, int] = (0, 1),
+) -> Collected:
+    """Generate, score and (DSPO) filter the step's batch. ``shard`` = (rank, world): each
+    process rolls out its slice of every batch; the filter target is split the same way."""
+    from zsearch_cli.algos import filter_mixed_groups, first_groups, need_more
+
+    rank, world = shard
+    group_size = acfg.group_size
+    budget = acfg.max_gen_batches if spec.filter_groups else 1
+    target = -(-data.batch_size // world)  # groups this process must keep
+    out = Collected(trajs=[])
+    kept_groups: list[str] = []
+    gen = 0
+    while True:
+        rows = data.next_batch()[rank::world]
+        t0 = time.perf_counter()
+        # One distinct sampling step per generation batch: seeds differ, groups stay unique.
+        trajs = engine.rollout(rows, group_size=group_size, step=step * budget + gen)
+        t1 = time.perf_counter()
+        for t in trajs:
+            t.update(step=step, gen_batch=gen, group_id=f"{step}/{gen}:{t['row_id']}", kept=True)
+        score(trajs, metric, protocol, format_bonus, reward_fn)
+        out.time_rollout += t1 - t0
+        out.time_reward += time.perf_counter() - t1
+        out.trajs += trajs
+        out.total_groups += len(rows)
+        gen += 1
+        if not spec.filter_groups:
+            break
+        rewards = torch.tensor([t["reward"] for t in trajs])
+        keep = filter_mixed_groups(rewards, [t["group_id"] for t in trajs]).tolist()
+        for t, k in zip(trajs, keep):
+            t["kept"] = bool(k)
+            if k and t["group_id"] not in kept_groups:
+                kept_groups.append(t["group_id"])
+        if not need_more(len(kept_groups), target, gen, budget):
+            break
+    out.gen_batches = gen
+    if spec.filter_groups:
+        kept = [t for t in out.trajs if t["kept"]]
+        if len(kept_groups) > target:  # an over-full last batch: train on exactly B groups
+            for t, k in zip(kept, first_groups([t["group_id"] for t in kept], target).tolist()):
+                t["kept"] = bool(k)
+            kept_groups = kept_groups[:target]
+        out.kept_groups = len(kept_groups)
+        out.tokens_wasted = float(sum(t["policy_tokens"] for t in out.trajs if not t["kept"]))
+        if len(kept_groups) < target:
+            out.notes.append(
+                f"step {step}: DSPO filter kept {len(kept_groups)}/{target} mixed groups after "
+                f"{gen}/{budget} generation batches (--max-gen-batches spent); training on what was kept"
+                + (" — nothing, so no update this step" if not kept_groups else "")
+            )
+    return out

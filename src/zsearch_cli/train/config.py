@@ -1,0 +1,264 @@
+"""``TrainConfig``: every knob of ``zsearch train`` in one dataclass (the TRL/cleanrl pattern).
+
+Algorithm hyper-parameters that the papers fix (lr, G, β, ε, critic lr) default to ``None``,
+meaning "the algorithm's paper default" from ``algos/*.py``; :func:`algo_config` merges what
+the user set into the algorithm's frozen config. :func:`check_config` turns every invalid
+combination into one :class:`ZsearchError` line before anything heavy is loaded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from zsearch_cli.errors import ZsearchError
+from zsearch_cli.presets import preset_values
+
+REWARDS = ("em", "f1", "subem")
+SCHEDULES = ("constant", "cosine")
+REPORT_TO = ("none", "tensorboard", "wandb")
+TRAIN_ALGOS_EXCLUDED = {"hrpo": "hrpo trains the Dr. Zero proposer, whose reward needs the solver: use the drzero stage"}
+
+
+@dataclass
+class TrainConfig:
+    """Options of one RL training run. ``None`` = the algorithm's paper default."""
+
+    # ---- what to train
+    algo: str = "grpo"
+    """Objective: a key of ``zsearch_cli.algos.ALGOS`` (reinforce, ppo, grpo, gspo, dspo, ...)."""
+    model: str = "smollm2"
+    """Policy to start from: HF id, local folder, checkpoint dir, or the 'smollm2' alias."""
+    out: Path = Path("runs/train")
+    """Run directory: checkpoints/, final/, metrics.jsonl, metrics.parquet, rollouts/."""
+    train_data: str | None = None
+    """Comma list of QA files (FlashRAG jsonl / Parquet); None = the bundled demo train split."""
+    steps: int = 100
+    """Training steps (one rollout batch + its updates each)."""
+    seed: int = 0
+    """Seeds data order, sampling, mini-batch order and any fresh weights (value head)."""
+
+    # ---- batch shapes
+    batch_size: int = 8
+    """B, prompts per step (DSPO: mixed-reward groups to collect per step)."""
+    group_size: int | None = None
+    """G, responses per prompt (PPO 1, GRPO/REINFORCE/DSPO 5 by default)."""
+    ppo_epochs: int = 1
+    """K, passes over the rollout batch per step."""
+    mini_batch_size: int | None = None
+    """Sequences per optimizer step; None = the whole batch (one update per epoch)."""
+    micro_batch_size: int = 8
+    """Sequences per forward/backward; gradients accumulate up to the mini-batch."""
+
+    # ---- algorithm (None = paper default of --algo)
+    lr: float | None = None
+    """Policy (actor) learning rate."""
+    critic_lr: float | None = None
+    """PPO critic learning rate (Search-R1: 1e-5)."""
+    beta: float | None = None
+    """KL weight to the frozen reference (0 = no reference model is loaded)."""
+    clip_eps: float | None = None
+    """Sets both clip_eps_low and clip_eps_high."""
+    clip_eps_low: float | None = None
+    """ε_low of the ratio clip (token ratio, or GSPO's sequence ratio)."""
+    clip_eps_high: float | None = None
+    """ε_high of the ratio clip."""
+    max_gen_batches: int | None = None
+    """DSPO: generation batches one step may sample to collect B mixed groups (10)."""
+    algo_args: dict[str, Any] = field(default_factory=dict)
+    """Any other field of the algorithm's config, e.g. {'baseline': 'rloo'} or {'gamma': 0.99}."""
+
+    # ---- critic (PPO)
+    critic_model: str | None = None
+    """PPO critic backbone: None = a copy of the policy's initial weights; a model path/id;
+    'none' means no critic (an error for PPO)."""
+
+    # ---- optimization
+    max_grad_norm: float = 1.0
+    """Clip the global gradient norm to this (0 = no clipping; the norm is still logged)."""
+    lr_schedule: str = "constant"
+    """'constant' or 'cosine' (to min_lr_ratio · lr at the last step), after the warmup."""
+    warmup_ratio: float = 0.0
+    """Fraction of the steps with a linear warmup (Dr. Zero: 0.03)."""
+    min_lr_ratio: float = 0.0
+    """Cosine floor as a fraction of the peak lr."""
+    weight_decay: float = 0.0
+    """AdamW weight decay (verl's actor default is 0.01; 0 keeps LoRA/full runs comparable)."""
+    lora_r: int = 0
+    """LoRA rank; 0 trains every weight."""
+    lora_alpha: int = 16
+    """LoRA α (scale α/r)."""
+    lora_targets: str = "q_proj,k_proj,v_proj,o_proj"
+    """Comma list of module names that get LoRA adapters."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass (less memory, ~30% slower updates)."""
+
+    # ---- reward
+    reward: str = "em"
+    """Outcome reward: em (Search-R1), f1 (ZeroSearch) or subem (DSPO)."""
+    format_bonus: float = 0.0
+    """Add this when the response is well formed (rewards.format_reward); 0 as in the papers."""
+
+    # ---- rollout and search
+    search: str = "bm25"
+    """bm25 | dense | hybrid | http://host:port | serpapi | any make_search_backend spec."""
+    index: Path | None = None
+    """Index directory for in-process search (default runs/index)."""
+    protocol: str = "tags"
+    """tags (Search-R1) or tool_call (Dr. Zero)."""
+    topk: int = 3
+    """Passages per search."""
+    max_turns: int = 4
+    """Search turns before the final no-search turn."""
+    max_turn_tokens: int = 500
+    """New tokens per turn."""
+    max_obs_tokens: int = 500
+    """Tokens per observation."""
+    max_context_tokens: int = 4096
+    """Prompt + response budget."""
+    temperature: float = 1.0
+    """Sampling temperature; logprobs for the loss are computed at the same temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling mass."""
+    backend: str = "auto"
+    """Generation backend: hf, vllm or auto (vLLM with CUDA when installed)."""
+    device: str = "auto"
+    """auto, cpu or cuda (under accelerate launch: the process's device)."""
+    dtype: str = "auto"
+    """auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16."""
+
+    # ---- bookkeeping
+    save_every: int = 50
+    """Checkpoint every N steps (0 = only the final model)."""
+    keep_checkpoints: int = 2
+    """Most recent checkpoints to keep."""
+    resume: bool = False
+    """Continue from the latest checkpoint in OUT/checkpoints (a fresh start if there is none)."""
+    save_rollouts: bool = False
+    """Write OUT/rollouts/step-N.parquet (ROLLOUT artifact) every step."""
+    report_to: str = "none"
+    """none, tensorboard or wandb (through accelerate's trackers)."""
+    preset: str | None = None
+    """The preset these options were resolved with (recorded only; see presets.apply_preset)."""
+
+    @classmethod
+    def from_preset(cls, name: str | None, **overrides: Any) -> "TrainConfig":
+        """Library form of ``--preset``: the preset's values, then ``overrides`` on top."""
+        return cls(**{**preset_values(name), **overrides, "preset": name})
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly (paths as strings), for checkpoints and Parquet metadata."""
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in data.items() if k in names}
+        for key in ("out", "index"):
+            if kw.get(key) is not None:
+                kw[key] = Path(kw[key])
+        return cls(**kw)
+
+
+def get_spec(name: str) -> Any:
+    """The AlgoSpec for ``--algo``; unknown names list the valid ones."""
+    from zsearch_cli.algos import ALGOS
+
+    if name in TRAIN_ALGOS_EXCLUDED:
+        raise ZsearchError(f"--algo {name}: {TRAIN_ALGOS_EXCLUDED[name]}")
+    if name not in ALGOS:
+        valid = ", ".join(k for k in ALGOS if k not in TRAIN_ALGOS_EXCLUDED)
+        raise ZsearchError(f"unknown --algo {name!r}: use one of {valid}")
+    return ALGOS[name]
+
+
+def algo_config(cfg: TrainConfig) -> Any:
+    """The algorithm's frozen config: paper defaults, then whatever ``cfg`` sets.
+
+    ``target_groups`` (DSPO's B) is the batch size; ``reward`` (DSPO's filter metric) is the
+    run's reward. Unknown ``algo_args`` keys are an error naming the valid ones.
+    """
+    spec = get_spec(cfg.algo)
+    fields = {f.name: f for f in dataclasses.fields(spec.config_cls)}
+    values: dict[str, Any] = {}
+    for key in ("lr", "critic_lr", "group_size", "beta", "max_gen_batches"):
+        if getattr(cfg, key) is not None and key in fields:
+            values[key] = getattr(cfg, key)
+    for side in ("low", "high"):
+        eps = getattr(cfg, f"clip_eps_{side}")
+        eps = cfg.clip_eps if eps is None else eps
+        if eps is not None and f"clip_eps_{side}" in fields:
+            values[f"clip_eps_{side}"] = eps
+    if "target_groups" in fields:
+        values["target_groups"] = cfg.batch_size
+    if "reward" in fields:
+        values["reward"] = cfg.reward
+    for key, value in cfg.algo_args.items():
+        if key not in fields:
+            raise ZsearchError(f"--algo-arg {key}: {cfg.algo} has no such option (it has: {', '.join(fields)})")
+        values[key] = value
+    return spec.config_cls(**values)
+
+
+def parse_algo_args(items: list[str] | None) -> dict[str, Any]:
+    """``["baseline=rloo", "gamma=0.99"]`` -> dict, values read as YAML scalars."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ZsearchError(f"--algo-arg {item!r}: expected KEY=VALUE")
+        out[key.strip().replace("-", "_")] = yaml.safe_load(value)
+    return out
+
+
+def check_config(cfg: TrainConfig) -> Any:
+    """Validate ``cfg`` and return its algorithm config; every problem is one line."""
+    spec = get_spec(cfg.algo)
+    acfg = algo_config(cfg)
+
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            raise ZsearchError(msg)
+
+    need(cfg.steps >= 1, f"--steps must be >= 1, got {cfg.steps}")
+    need(cfg.batch_size >= 1, f"--batch-size must be >= 1, got {cfg.batch_size}")
+    need(acfg.group_size >= 1, f"--group-size must be >= 1, got {acfg.group_size}")
+    need(acfg.group_size >= spec.group_size_min,
+         f"--algo {cfg.algo} needs --group-size >= {spec.group_size_min} (a group baseline needs G >= 2), "
+         f"got {acfg.group_size}; use --algo reinforce for G = 1")
+    need(cfg.ppo_epochs >= 1, f"--ppo-epochs must be >= 1, got {cfg.ppo_epochs}")
+    need(cfg.micro_batch_size >= 1, f"--micro-batch-size must be >= 1, got {cfg.micro_batch_size}")
+    need(cfg.mini_batch_size is None or cfg.mini_batch_size >= 1,
+         f"--mini-batch-size must be >= 1, got {cfg.mini_batch_size}")
+    if spec.on_policy:
+        need(cfg.ppo_epochs == 1 and cfg.mini_batch_size is None,
+             f"--algo {cfg.algo} is strictly on-policy: one update per batch (no --ppo-epochs/--mini-batch-size)")
+    need(acfg.lr > 0, f"--lr must be > 0, got {acfg.lr}")
+    need(acfg.beta >= 0, f"--beta must be >= 0, got {acfg.beta}")
+    if spec.needs_critic:
+        need((cfg.critic_model or "").lower() != "none",
+             f"--algo {cfg.algo} needs a critic: drop --critic-model none (default: a copy of the policy) "
+             "or give a model path")
+        need(acfg.critic_lr > 0, f"--algo {cfg.algo} needs a critic learning rate: --critic-lr > 0, got {acfg.critic_lr}")
+    else:
+        need(cfg.critic_model in (None, "", "none"), f"--critic-model is only used by ppo, not --algo {cfg.algo}")
+    if spec.filter_groups:
+        need(acfg.max_gen_batches >= 1, f"--max-gen-batches must be >= 1, got {acfg.max_gen_batches}")
+    need(cfg.reward in REWARDS, f"unknown --reward {cfg.reward!r}: use one of {', '.join(REWARDS)}")
+    need(cfg.lr_schedule in SCHEDULES, f"unknown --lr-schedule {cfg.lr_schedule!r}: use constant or cosine")
+    need(0.0 <= cfg.warmup_ratio < 1.0, f"--warmup-ratio must be in [0, 1), got {cfg.warmup_ratio}")
+    need(cfg.max_grad_norm >= 0, f"--max-grad-norm must be >= 0, got {cfg.max_grad_norm}")
+    need(cfg.lora_r >= 0, f"--lora-r must be >= 0, got {cfg.lora_r}")
+    need(cfg.temperature > 0, f"--temperature must be > 0 for RL sampling, got {cfg.temperature}")
+    need(cfg.report_to in REPORT_TO, f"unknown --report-to {cfg.report_to!r}: use none, tensorboard or wandb")
+    need(cfg.backend in ("auto", "hf", "vllm"), f"unknown --backend {cfg.backend!r}: use hf, vllm or auto")
+    need(cfg.save_every >= 0 and cfg.keep_checkpoints >= 1,
+         "--save-every must be >= 0 and --keep-checkpoints >= 1")
+    from zsearch_cli.rollout.protocols import PROTOCOLS
+
+    need(cfg.protocol in PROTOCOLS, f"unknown --protocol {cfg.protocol!r}: use one of {', '.join(PROTOCOLS)}")
+    return acfg

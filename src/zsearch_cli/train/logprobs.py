@@ -1,0 +1,102 @@
+"""From trajectories to per-token tensors: right-padded batches, response logprobs, values.
+
+Layout: each row is ``prompt_ids + response_ids`` right-padded to the longest row, run in
+one forward. Response token t of row i sits at position P_i + t and is predicted by the
+logits at P_i + t − 1, so ``resp_pos[i, t] = P_i + t − 1``; everything is returned in the
+response frame ``[B, T]`` (T = longest response), which is the frame ``algos/`` works in.
+``mask`` there is the trajectory's loss mask (1 = sampled by the policy) and 0 on padding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+@dataclass
+class Batch:
+    input_ids: Tensor  # [B, L] long, right-padded
+    attention_mask: Tensor  # [B, L] long
+    resp_pos: Tensor  # [B, T] long: the logit position that predicts response token t
+    targets: Tensor  # [B, T] long: the response token ids (pad where t >= R_i)
+    mask: Tensor  # [B, T] bool: loss mask I_t (False on observations and padding)
+
+    @property
+    def size(self) -> int:
+        return self.input_ids.shape[0]
+
+
+def pad_rows(rows: Sequence[Tensor], width: int, value: float = 0.0, dtype: torch.dtype | None = None) -> Tensor:
+    """Stack 1-D tensors into [len(rows), width], right-padded with ``value``."""
+    out = torch.full((len(rows), width), value, dtype=dtype or rows[0].dtype, device=rows[0].device)
+    for i, r in enumerate(rows):
+        out[i, : r.numel()] = r
+    return out
+
+
+def collate(trajs: Sequence[dict[str, Any]], pad_id: int, device: torch.device | str) -> Batch:
+    """Right-pad ``prompt_ids + response_ids`` of each trajectory (one forward per batch)."""
+    seqs = [list(t["prompt_ids"]) + list(t["response_ids"]) for t in trajs]
+    width = max(len(s) for s in seqs)
+    t_max = max(1, max(len(t["response_ids"]) for t in trajs))
+    b = len(trajs)
+    input_ids = torch.full((b, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((b, width), dtype=torch.long)
+    resp_pos = torch.zeros((b, t_max), dtype=torch.long)
+    targets = torch.full((b, t_max), pad_id, dtype=torch.long)
+    mask = torch.zeros((b, t_max), dtype=torch.bool)
+    for i, (t, seq) in enumerate(zip(trajs, seqs)):
+        p, r = len(t["prompt_ids"]), len(t["response_ids"])
+        input_ids[i, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
+        attention[i, : len(seq)] = 1
+        resp_pos[i, :r] = torch.arange(p - 1, p - 1 + r)
+        targets[i, :r] = torch.as_tensor(t["response_ids"], dtype=torch.long)
+        mask[i, :r] = torch.as_tensor(t["loss_mask"], dtype=torch.bool)
+    return Batch(input_ids.to(device), attention.to(device), resp_pos.to(device), targets.to(device), mask.to(device))
+
+
+def response_logits(model: Any, batch: Batch) -> Tensor:
+    """The logits that predict each response token: [B, T, V] (model dtype)."""
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits  # [B, L, V]
+    rows = torch.arange(batch.size, device=logits.device)[:, None]  # [B, 1]
+    return logits[rows, batch.resp_pos]  # [B, T, V]
+
+
+def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
+    """log π(y_t) at ``temperature`` (the sampling distribution, as verl's actor):
+    logits [B, T, V], targets [B, T] -> [B, T] float32."""
+    z = logits.float()
+    if temperature != 1.0:
+        z = z / temperature
+    return z.log_softmax(-1).gather(-1, targets[..., None]).squeeze(-1)
+
+
+def policy_forward(model: Any, batch: Batch, temperature: float, entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+    """(logp [B, T], entropy [B, T] or None). Gradient flows through logp when enabled;
+    the entropy is a logged statistic, computed without grad."""
+    from zsearch_cli.algos import entropy_from_logits
+
+    logits = response_logits(model, batch)
+    logp = token_logprobs(logits, batch.targets, temperature)
+    ent = None
+    if entropy:
+        with torch.no_grad():
+            z = logits.detach().float()
+            ent = entropy_from_logits(z / temperature if temperature != 1.0 else z)
+    return logp, ent
+
+
+def critic_forward(critic: Any, batch: Batch) -> Tensor:
+    """V at the position that predicts each response token (verl's alignment): [B, T]."""
+    values = critic(batch.input_ids, batch.attention_mask)  # [B, L]
+    rows = torch.arange(batch.size, device=values.device)[:, None]
+    return values[rows, batch.resp_pos]
+
+
+def split_rows(x: Tensor, lengths: Sequence[int]) -> list[Tensor]:
+    """[B, T] -> per-row 1-D tensors of the true lengths (detached, on CPU-agnostic device)."""
+    return [x[i, :n].detach() for i, n in enumerate(lengths)]
