@@ -25,6 +25,7 @@ demo: setup
 bench: setup
 	$(PY) bench/bm25.py
 	$(PY) bench/serve.py
+	$(PY) bench/rollout.py --real
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info src/*.egg-info

@@ -96,3 +96,12 @@ def test_yaml_config_sets_options_and_flags_override(tmp_path, demo_index):
     bad.write_text("topk: 1\nnot_an_option: 2\n")
     result = runner.invoke(app, ["search", "x", "--config", str(bad)])
     assert result.exit_code == 2 and "unknown option(s) for 'search': not_an_option" in result.output
+
+
+def test_download_without_network_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # CI has no hub access; this makes it fail fast
+    result = runner.invoke(app, ["eval", "--datasets", "bamboogle", "--download", "--data-dir", str(tmp_path),
+                                 "--out", str(tmp_path)])
+    assert result.exit_code == 2
+    assert "could not be downloaded from RUC-NLPIR/FlashRAG_datasets" in result.output
+    assert str(tmp_path / "bamboogle" / "test.jsonl") in result.output

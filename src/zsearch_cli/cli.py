@@ -108,6 +108,7 @@ def eval_(
     ctx: typer.Context,
     datasets: str = typer.Option("demo", help="demo (bundled test split), all (the seven benchmarks), a comma list, or QA files."),
     data_dir: Path = typer.Option(Path("data"), help="Benchmark files, FlashRAG layout: DATA_DIR/nq/test.jsonl."),
+    download: bool = typer.Option(False, help="Fetch missing benchmark files from the FlashRAG hub dataset (network)."),
     out: Path = typer.Option(Path("runs/eval"), "--out", "-o", help="Output directory."),
     model: str = typer.Option("smollm2", help="HF id, local path, checkpoint dir, or the smollm2 alias."),
     method: str = typer.Option("agent", help="direct, cot, rag or agent (multi-turn search)."),
@@ -137,7 +138,7 @@ def eval_(
         score_predictions(predictions, qa, out, options)
         return
     evaluate(EvalOptions(
-        datasets=datasets, data_dir=data_dir, out=out, model=model, method=method, search=search,
+        datasets=datasets, data_dir=data_dir, download=download, out=out, model=model, method=method, search=search,
         index=index_dir, protocol=protocol, topk=topk, max_turns=max_turns, max_turn_tokens=max_turn_tokens,
         max_obs_tokens=max_obs_tokens, max_context_tokens=max_context_tokens, batch_size=batch_size,
         limit=limit, temperature=temperature, seed=seed, backend=backend, device=device,

@@ -72,18 +72,34 @@ def load_qa(path: str | Path) -> pa.Table:
     return read_artifact(path, QA)
 
 
-def find_dataset_file(name: str, split: str, data_dir: Path) -> Path:
-    """The file for one benchmark under ``data_dir``, or an error saying where to put it."""
+def find_dataset_file(name: str, split: str, data_dir: Path, download: bool = False) -> Path:
+    """The file for one benchmark under ``data_dir``; with ``download``, fetched from the
+    FlashRAG hub dataset into ``data_dir`` when missing; else an error saying where to put it."""
     candidates = []
     for ext in (".jsonl", ".jsonl.gz", ".parquet"):
         candidates += [data_dir / name / f"{split}{ext}", data_dir / f"{name}_{split}{ext}", data_dir / f"{name}{ext}"]
     for cand in candidates:
         if cand.is_file():
             return cand
-    raise ZsearchError(
-        f"dataset '{name}' ({split} split) not found under {data_dir}: put FlashRAG's file at "
-        f"{data_dir / name / (split + '.jsonl')} (from the hub dataset {HUB_REPO}, folder {name}/)"
-    )
+    where = (f"put FlashRAG's file at {data_dir / name / (split + '.jsonl')} "
+             f"(from the hub dataset {HUB_REPO}, folder {name}/)")
+    if download:
+        return _download(name, split, data_dir, where)
+    raise ZsearchError(f"dataset '{name}' ({split} split) not found under {data_dir}: {where}, or pass --download")
+
+
+def _download(name: str, split: str, data_dir: Path, where: str) -> Path:
+    """Fetch ``{name}/{split}.jsonl`` from the FlashRAG hub dataset (needs network access)."""
+    try:
+        from huggingface_hub import hf_hub_download
+
+        path = hf_hub_download(HUB_REPO, f"{name}/{split}.jsonl", repo_type="dataset", local_dir=data_dir)
+    except Exception as err:  # noqa: BLE001 - offline, missing file, auth: all end the same way
+        raise ZsearchError(
+            f"dataset '{name}' ({split} split) could not be downloaded from {HUB_REPO} "
+            f"({type(err).__name__}); without network access, {where}"
+        ) from None
+    return Path(path)
 
 
 def resolve_datasets(spec: str) -> list[str]:

@@ -249,8 +249,9 @@ class BM25Searcher:
     """
 
     PARALLEL_MIN = 32
-    """Batches at least this large are scored on ``n_threads`` threads (numpy's scoring and
-    selection release the GIL for most of their time); smaller ones are not worth it."""
+    """Batches at least this large are searched on ``n_threads`` threads (numpy's partition
+    releases the GIL, bm25s's ``np.add.at`` scoring does not, so the gain is partial);
+    smaller ones are not worth the hand-offs."""
 
     def __init__(self, directory: Path, info: dict, n_threads: int | None = None):
         self.backend = info["backend"]

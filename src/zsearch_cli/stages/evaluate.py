@@ -65,6 +65,8 @@ class EvalOptions:
     """'demo' (the bundled test split), 'all' (the seven benchmarks), a comma list, or QA file paths."""
     data_dir: Path = Path("data")
     """Where benchmark files live, FlashRAG layout: DATA_DIR/nq/test.jsonl."""
+    download: bool = False
+    """Fetch missing benchmark files from the FlashRAG hub dataset (needs network access)."""
     out: Path = Path("runs/eval")
     """Output directory: DATASET/METHOD.examples.parquet, DATASET/METHOD.summary.parquet, em.png."""
     model: str = "smollm2"
@@ -91,7 +93,7 @@ class EvalOptions:
     device: str = "auto"
 
 
-def dataset_files(spec: str, data_dir: Path) -> list[tuple[str, Path]]:
+def dataset_files(spec: str, data_dir: Path, download: bool = False) -> list[tuple[str, Path]]:
     """(name, file) pairs for ``--datasets``."""
     out: list[tuple[str, Path]] = []
     for name in (["demo"] if spec.strip() == "demo" else resolve_datasets(spec)):
@@ -100,7 +102,7 @@ def dataset_files(spec: str, data_dir: Path) -> list[tuple[str, Path]]:
         elif Path(name).suffix in (".jsonl", ".parquet", ".gz") or Path(name).is_file():
             out.append((Path(name).name.split(".")[0], Path(name)))
         elif name in BENCHMARK_SPLITS:
-            out.append((name, find_dataset_file(name, BENCHMARK_SPLITS[name], data_dir)))
+            out.append((name, find_dataset_file(name, BENCHMARK_SPLITS[name], data_dir, download)))
         else:
             known = ", ".join(["demo", "all", *BENCHMARK_SPLITS])
             raise ZsearchError(f"unknown dataset {name!r}: use one of {known}, or a QA file path")
@@ -176,7 +178,7 @@ def evaluate(opts: EvalOptions, config: dict[str, Any]) -> list[dict[str, Any]]:
 
     if opts.method not in METHODS:
         raise ZsearchError(f"unknown --method {opts.method!r}: use one of {', '.join(METHODS)}")
-    files = dataset_files(opts.datasets, opts.data_dir)
+    files = dataset_files(opts.datasets, opts.data_dir, opts.download)
     qa_tables = [(name, load_qa(path)) for name, path in files]  # validate everything before loading a model
     engine, search = _build_engine(opts)
     summaries = []

@@ -1,0 +1,276 @@
+"""The one RL loop every ``--algo`` runs (cleanrl/TRL style: ``TrainConfig`` + ``Trainer``).
+
+Each step: ``search.set_progress(step, T)`` → rollout (G samples per prompt through the
+shared engine) → reward → (DSPO) filter → old/ref logprobs and values under no_grad →
+advantages (``AlgoSpec``) → K epochs of mini-batches → lr schedule step → metrics, and
+every ``save_every`` steps an exact-resume checkpoint. The algorithm itself lives in
+``algos/`` (pure maths); this file only moves tensors between the pieces.
+
+Scale: the model, optimizer, backward, clipping and no_sync go through
+``accelerate.Accelerator``, so ``accelerate launch zsearch train ...`` runs one process per
+device, each rolling out its slice of every batch (single-process CPU is the tested path).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from zsearch_cli.errors import ZsearchError
+from zsearch_cli.train.checkpoint import atomic_dir, latest_checkpoint, load_training_state, read_state, save_checkpoint
+from zsearch_cli.train.collect import RewardFn, collect
+from zsearch_cli.train.config import TrainConfig, check_config, get_spec
+from zsearch_cli.train.data import TrainData, load_rows
+from zsearch_cli.train.metrics import MetricsLog, step_metrics
+from zsearch_cli.train.models import load_critic, load_policy, load_reference, merged_weights, save_policy
+from zsearch_cli.train.optim import make_optimizer
+from zsearch_cli.train.update import StepModels, advantages, optimize, rollout_tensors
+
+RESUME_MAY_CHANGE = {"steps", "save_every", "keep_checkpoints", "resume", "report_to", "save_rollouts", "out",
+                     "device", "backend", "preset"}
+"""Options that may differ between a run and its --resume; any other change is refused."""
+
+
+class Trainer:
+    """Build with a :class:`TrainConfig`, then :meth:`train`. ``search`` and ``reward_fn``
+    replace the configured search backend / reward (tests, and stages with their own)."""
+
+    def __init__(self, cfg: TrainConfig, *, search: Any = None, reward_fn: RewardFn | None = None,
+                 console: Console | None = None):
+        self.cfg = cfg
+        self.acfg = check_config(cfg)
+        self.spec = get_spec(cfg.algo)
+        self.reward_fn = reward_fn
+        self.console = console or Console(stderr=True)
+        self.accelerator = self._accelerator()
+        resume_dir = self._resume_point()
+        self.data = TrainData(load_rows(cfg.train_data), cfg.batch_size, cfg.seed)
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+
+        device = str(self.accelerator.device)
+        self.policy, self.tokenizer = load_policy(cfg, device, cfg.dtype, resume_dir)
+        self.reference = load_reference(cfg, self.policy, device, cfg.dtype, self.spec.needs_reference(self.acfg))
+        self.critic = load_critic(cfg, device, cfg.dtype) if self.spec.needs_critic else None
+        sched = (cfg.steps, cfg.warmup_ratio, cfg.lr_schedule, cfg.min_lr_ratio)
+        self.optimizer, self.scheduler = make_optimizer(self.policy.parameters(), self.acfg.lr, cfg.weight_decay, *sched)
+        self.critic_optimizer = self.critic_scheduler = None
+        if self.critic is not None:
+            self.critic_optimizer, self.critic_scheduler = make_optimizer(
+                self.critic.parameters(), self.acfg.critic_lr, cfg.weight_decay, *sched)
+            self.critic, self.critic_optimizer = self.accelerator.prepare(self.critic, self.critic_optimizer)
+        self.policy, self.optimizer = self.accelerator.prepare(self.policy, self.optimizer)
+
+        if search is None:
+            from zsearch_cli.search.factory import make_search_backend
+
+            search = make_search_backend(cfg.search, index_dir=cfg.index or Path("runs/index"))
+        self.search = search
+        self.generation, self.uses_vllm = self._generation_backend(resume_dir)
+        from zsearch_cli.rollout.engine import RolloutConfig, RolloutEngine
+        from zsearch_cli.rollout.protocols import PROTOCOLS
+
+        rcfg = RolloutConfig(max_turns=cfg.max_turns, max_turn_tokens=cfg.max_turn_tokens,
+                             max_obs_tokens=cfg.max_obs_tokens, max_context_tokens=cfg.max_context_tokens,
+                             topk=cfg.topk, temperature=cfg.temperature, top_p=cfg.top_p,
+                             seed=cfg.seed + 7919 * self.accelerator.process_index)
+        self.engine = RolloutEngine(self.generation, PROTOCOLS[cfg.protocol](), self.search, rcfg)
+        self.metrics = MetricsLog(Path(cfg.out), cfg.to_dict(), self.accelerator, self.accelerator.is_main_process)
+        self.start_step = 0
+        if resume_dir is not None:
+            state = load_training_state(self, resume_dir)
+            self.start_step = int(state["step"])
+            self.metrics.restore(state["metrics"])
+            self.console.print(f"resuming from {resume_dir} (step {self.start_step}/{cfg.steps})")
+        else:
+            self.metrics.start_fresh()
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        self.models = StepModels(self.policy, self.reference, self.critic, self.optimizer, self.critic_optimizer,
+                                 self.accelerator, int(self.pad_id), self.accelerator.device)
+        if self.uses_vllm:
+            self._sync_vllm()
+
+    # ------------------------------------------------------------------ setup helpers
+
+    def _accelerator(self) -> Any:
+        from accelerate import Accelerator
+
+        cpu = self.cfg.device == "cpu" or not torch.cuda.is_available()
+        kwargs: dict[str, Any] = {}
+        if self.cfg.report_to != "none":
+            kwargs.update(log_with=self.cfg.report_to, project_dir=str(self.cfg.out))
+        try:
+            acc = Accelerator(cpu=cpu, **kwargs)
+            if self.cfg.report_to != "none":
+                flat = {k: v for k, v in self.cfg.to_dict().items() if isinstance(v, (int, float, str, bool))}
+                acc.init_trackers("zsearch", config=flat)
+        except (ImportError, ValueError, RuntimeError) as err:
+            raise ZsearchError(f"--report-to {self.cfg.report_to}: {err}") from None
+        return acc
+
+    def _resume_point(self) -> Path | None:
+        """The checkpoint to resume from, after checking the options still match it."""
+        latest = latest_checkpoint(Path(self.cfg.out))
+        if latest is None:
+            if self.cfg.resume:
+                self.console.print(f"[dim]--resume: no checkpoint in {self.cfg.out}/checkpoints, starting fresh[/]")
+            return None
+        if not self.cfg.resume:
+            raise ZsearchError(f"{self.cfg.out} already holds checkpoints (latest {latest.name}): "
+                               "pass --resume to continue that run, or choose another --out")
+        saved = read_state(latest)["config"]
+        now = self.cfg.to_dict()
+        changed = [f"{k}={saved.get(k)!r}->{now[k]!r}" for k in now
+                   if k not in RESUME_MAY_CHANGE and saved.get(k) != now[k]]
+        if changed:
+            raise ZsearchError(f"--resume: options differ from the run in {self.cfg.out} ({', '.join(changed)}); "
+                               "pass the same options or choose another --out")
+        return latest
+
+    def _generation_backend(self, resume_dir: Path | None) -> tuple[Any, bool]:
+        from zsearch_cli.models.loading import vllm_available
+
+        kind = self.cfg.backend
+        if kind == "auto":
+            kind = "vllm" if vllm_available() else "hf"
+        if kind == "hf":
+            from zsearch_cli.models.hf import HFBackend
+
+            # Shares the policy object: generation always sees the weights being trained.
+            return HFBackend(self.accelerator.unwrap_model(self.policy), self.tokenizer), False
+        from zsearch_cli.models.vllm import VLLMBackend
+
+        start = str(resume_dir) if resume_dir is not None and self.cfg.lora_r == 0 else self.cfg.model
+        return VLLMBackend(start, dtype=self.cfg.dtype, seed=self.cfg.seed, tokenizer=self.tokenizer,
+                           max_model_len=self.cfg.max_context_tokens), True
+
+    def _sync_vllm(self) -> None:
+        """Push the current policy (LoRA merged) into the vLLM engine. GPU-unverified."""
+        self.generation.update_weights(merged_weights(self.accelerator.unwrap_model(self.policy)))
+
+    # ------------------------------------------------------------------ the loop
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        """One step; returns its metrics row (already logged)."""
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        if hasattr(self.search, "set_progress"):
+            self.search.set_progress(step, cfg.steps)  # the simulator's noise curriculum reads it
+        acc = self.accelerator
+        collected = collect(self.engine, self.data, self.spec, self.acfg, step, metric=cfg.reward,
+                            protocol=cfg.protocol, format_bonus=cfg.format_bonus, reward_fn=self.reward_fn,
+                            shard=(acc.process_index, acc.num_processes))
+        for note in collected.notes:
+            self.console.print(f"[yellow]{note}[/]")
+        t1 = time.perf_counter()
+        update: dict[str, float] | None = None
+        mismatch = None
+        train = collected.train
+        if train:
+            self.policy.train()
+            rt = rollout_tensors(self.models, train, cfg)
+            rt = advantages(self.spec, self.acfg, train, rt)
+            for t, a in zip(train, rt["adv"]):
+                t["advantage"] = float(a.float().mean()) if a.numel() else 0.0
+            update = optimize(self.models, self.spec, self.acfg, cfg, train, rt, step)
+            mismatch = rt["logp_mismatch"]
+            if self.uses_vllm:
+                self._sync_vllm()
+        lr = self.scheduler.get_last_lr()[0]  # the lr this step's updates used
+        critic_lr = self.critic_scheduler.get_last_lr()[0] if self.critic_scheduler is not None else None
+        self.scheduler.step()
+        if self.critic_scheduler is not None:
+            self.critic_scheduler.step()
+        now = time.perf_counter()
+        noise_p = getattr(self.search, "noise_p", None)
+        noise_p = noise_p() if callable(noise_p) else noise_p
+        extra = {"lr": lr, "critic_lr": critic_lr, "logp_mismatch": mismatch, "time_update": now - t1,
+                 "time_step": now - t0, "noise_p": None if noise_p is None else float(noise_p)}
+        row = self._reduce(step_metrics(step, collected, update, extra))
+        if cfg.save_rollouts:
+            self._save_rollouts(step, collected.trajs)
+        self.metrics.log(row)
+        return row
+
+    def _reduce(self, row: dict[str, Any]) -> dict[str, Any]:
+        """Average each metric over processes (a no-op on one process)."""
+        acc = self.accelerator
+        if acc.num_processes == 1:
+            return row
+        for k, v in row.items():
+            if k != "step" and isinstance(v, float):
+                row[k] = float(acc.reduce(torch.tensor(v, device=acc.device), "mean"))
+        return row
+
+    def _save_rollouts(self, step: int, trajs: list[dict[str, Any]]) -> None:
+        from zsearch_cli.schemas import ROLLOUT, write_artifact
+
+        rows = [{**t, "advantage": t.get("advantage") if t["kept"] else None} for t in trajs]
+        suffix = f".rank{self.accelerator.process_index}" if self.accelerator.num_processes > 1 else ""
+        write_artifact(rows, Path(self.cfg.out) / "rollouts" / f"step-{step:06d}{suffix}.parquet", ROLLOUT,
+                       self.cfg.to_dict())
+
+    def _line(self, row: dict[str, Any]) -> str:
+        def f(key: str, fmt: str = ".3f") -> str:
+            v = row.get(key)
+            return "-" if v is None else format(v, fmt)
+
+        kept = f" kept {f('kept_frac', '.2f')} gen {f('gen_batches', '.0f')}" if row.get("kept_frac") is not None else ""
+        return (f"step {row['step'] + 1}/{self.cfg.steps} reward {f('reward_mean')} em {f('em')} "
+                f"kl {f('kl', '.4f')} ent {f('entropy')} gnorm {f('grad_norm')} lr {f('lr', '.2e')} "
+                f"len {f('response_length', '.0f')}{kept} | {f('time_step', '.1f')}s "
+                f"(rollout {f('time_rollout', '.1f')} reward {f('time_reward', '.2f')} update {f('time_update', '.1f')})")
+
+    def checkpoint(self, completed: int) -> Path | None:
+        """Save OUT/checkpoints/step-``completed`` (main process) and the Parquet metrics."""
+        self.accelerator.wait_for_everyone()
+        if not self.accelerator.is_main_process:
+            return None
+        path = save_checkpoint(self, completed)
+        self.metrics.write_parquet()
+        return path
+
+    def save_final(self) -> Path:
+        """OUT/final: an HF model folder (or LoRA adapter) that ``zsearch eval --model`` loads."""
+        final = Path(self.cfg.out) / "final"
+        self.accelerator.wait_for_everyone()
+        if self.accelerator.is_main_process:
+            atomic_dir(final, lambda tmp: save_policy(self.accelerator.unwrap_model(self.policy), self.tokenizer,
+                                                      tmp, self.cfg.model))
+        return final
+
+    def train(self) -> Path:
+        """Run the remaining steps; returns the final model folder."""
+        cfg = self.cfg
+        columns = (TextColumn("[bold]train {task.fields[algo]}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("reward {task.fields[reward]}"), TextColumn("{task.fields[sps]} s/step"),
+                   TimeElapsedColumn())
+        show = self.accelerator.is_main_process
+        with Progress(*columns, console=self.console, disable=not show) as bar:
+            task = bar.add_task("train", total=cfg.steps, completed=self.start_step, algo=cfg.algo, reward="-", sps="-")
+            for step in range(self.start_step, cfg.steps):
+                row = self.train_step(step)
+                bar.update(task, advance=1, reward=f"{row['reward_mean']:.3f}", sps=f"{row['time_step']:.1f}")
+                if show:
+                    bar.console.print(self._line(row), highlight=False)
+                if cfg.save_every and (step + 1) % cfg.save_every == 0:
+                    self.checkpoint(step + 1)
+        final = self.save_final()
+        if show:
+            self.metrics.write_parquet()
+            self.console.print(f"final model written to {final} (zsearch eval --model {final})")
+        self.accelerator.end_training()
+        return final
+
+
+def run_training(cfg: TrainConfig, **kwargs: Any) -> Path:
+    """Library entry point behind ``zsearch train``: build a Trainer and train it."""
+    return Trainer(cfg, **kwargs).train()
