@@ -7,8 +7,9 @@ queries drawn from passages' own words. Each engine runs in a fresh subprocess s
 peak RSS (``ru_maxrss``) is its own. Raw bm25s and zsearch use the same stopwords and
 Snowball stemmer and the Lucene BM25 variant, and every pseudo-word has >= 3 letters, so
 their top-k must agree (reported) up to ties: zsearch breaks equal scores by lower row,
-bm25s's ``argpartition`` picks arbitrarily among passages tied with the k-th best. rank-bm25 (BM25Okapi, its usual form) scores every
-passage in Python per query term, so it runs a 50-query subset and reports per-query time.
+bm25s's ``argpartition`` picks arbitrarily among passages tied with the k-th best.
+rank-bm25 (BM25Okapi, its usual form) scores every passage in Python per query term, so
+it runs a 50-query subset and reports per-query time.
 """
 
 from __future__ import annotations

@@ -176,8 +176,71 @@ METRICS = Artifact(
     optional=frozenset(METRIC_COLUMNS),
 )
 
+PROPOSED_QA = Artifact(
+    "proposed_qa",
+    pa.schema([
+        # The QA columns first: a proposed set is a valid QA file for `zsearch solve`.
+        ("id", _str),
+        ("question", _str),
+        ("golden_answers", _strs),      # [the proposer's answer]
+        ("metadata", _str),             # JSON: hops, source_id
+        ("hops", pa.int32()),
+        ("source_id", _str),            # the corpus passage the proposal started from
+        ("proposer_answer", _str),
+        ("solver_answers", _strs),      # the n solver predictions ("" = no <answer>)
+        ("k", pa.int32()),              # EM-correct solver answers
+        ("n", pa.int32()),
+        ("difficulty", pa.float64()),   # I(0<k<n)(n-k)/(n-1)
+        ("fmt_think", pa.float64()),
+        ("fmt_tool", pa.float64()),
+        ("fmt_question", pa.float64()),
+        ("fmt_answer", pa.float64()),
+        ("format_total", pa.float64()),
+        ("reward", pa.float64()),       # difficulty + format_total (0 when the gate fails)
+    ]),
+    unique="id",
+    nonempty=("question",),
+)
+
+COLLECTED_QUERY = Artifact(
+    "collected_query",
+    pa.schema([
+        # One row per search a trajectory ran against a real engine (`zsearch collect`):
+        # the query-document pairs ZeroSearch's simulator is fine-tuned on (paper §3.3).
+        ("id", _str),               # "{trajectory_id}/t{turn}/q{query_index}"
+        ("row_id", _str),           # the QA row
+        ("trajectory_id", _str),    # TRAJECTORY.id, "{row_id}#{sample_index}"
+        ("sample_index", pa.int32()),
+        ("turn", pa.int32()),       # 0-based turn of the trajectory that issued the query
+        ("query_index", pa.int32()),  # position within the turn (tool calls may carry several)
+        ("question", _str),
+        ("golden_answers", _strs),
+        ("query", _str),
+        ("doc_ids", _strs),         # as returned, best first
+        ("documents", _strs),       # one per doc id: "title\ntext"
+        ("prediction", _str),       # the trajectory's final answer, null without one
+        ("correct", pa.bool_()),    # EM of that answer against the golds
+    ]),
+    unique="id",
+    nonempty=("query",),
+)
+
+JUDGMENT = Artifact(
+    "judgment",
+    pa.schema([
+        *COLLECTED_QUERY.schema,
+        ("label", _str),            # useful | noisy | null (the judge's output did not parse)
+        ("parse_ok", pa.bool_()),
+        ("parse_error", _str),      # why it did not parse; null when parse_ok
+        ("judge_output", _str),     # the judge's raw text
+        ("judge_model", _str),
+    ]),
+    unique="id",
+)
+
 ALL_ARTIFACTS: dict[str, Artifact] = {
-    a.name: a for a in (CORPUS, QA, TRAJECTORY, EVAL_EXAMPLE, EVAL_SUMMARY, PREDICTIONS, ROLLOUT, METRICS)
+    a.name: a for a in (CORPUS, QA, TRAJECTORY, EVAL_EXAMPLE, EVAL_SUMMARY, PREDICTIONS, ROLLOUT, METRICS, PROPOSED_QA,
+              COLLECTED_QUERY, JUDGMENT)
 }
 
 

@@ -273,6 +273,9 @@ class RolloutEngine:
                 obs, dropped = self._observation_ids([r.passages for r in res], budget)
             log = s.turns[-1]
             log["doc_ids"] = [[p.id for p in r.passages] for r in res]
+            # The passages as the backend returned them (before the observation budget cut
+            # any), so audits and `zsearch collect` need no second search to see them.
+            log["docs"] = [[{"id": p.id, "title": p.title, "text": p.text} for p in r.passages] for r in res]
             log["obs_tokens"] = len(obs)
             log["passages_dropped"] = dropped
             if any(r.log for r in res):

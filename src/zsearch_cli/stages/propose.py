@@ -1,0 +1,233 @@
+"""Dr. Zero's proposer (§3.2–3.4, FORMULAS §5): seed passages, hop draws, proposer
+rollouts, and the difficulty reward measured by solver rollouts.
+
+A proposer prompt starts from one corpus passage (truncated to 256 tokens) and asks for an
+n-hop question answerable by searching from it; hop counts 1–4 are drawn in the ratio
+``4:3:2:1`` from a seeded RNG. The current solver answers each proposed question
+``n = 5`` times; with k EM-correct answers the reward is
+``r = I(0 < k < n)·(n − k)/(n − 1) + r_f`` (``rewards.proposer_reward``), where the format
+reward r_f and its integrity gate are ``rewards.proposer_format_reward``.
+
+This module is the generation and reward side, shared by ``zsearch propose
+--generate-only`` and by HRPO training of the proposer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from zsearch_cli.errors import ZsearchError
+from zsearch_cli.prompts import format_source_document, render_proposer_prompt
+from zsearch_cli.retrieval.base import Passage
+from zsearch_cli.rewards import em, extract_question_answer, proposer_format_reward, proposer_reward
+from zsearch_cli.rollout.engine import QARow, RolloutEngine
+
+HOPS = (1, 2, 3, 4)
+SOURCE_TOKENS = 256
+
+
+def parse_hop_ratio(spec: str) -> np.ndarray:
+    """``'4:3:2:1'`` -> probabilities for hop counts 1..4."""
+    try:
+        weights = np.array([float(x) for x in spec.split(":")], dtype=np.float64)
+    except ValueError:
+        raise ZsearchError(f"--hop-ratio {spec!r}: expected four numbers like 4:3:2:1") from None
+    if weights.shape != (len(HOPS),) or (weights < 0).any() or weights.sum() <= 0:
+        raise ZsearchError(f"--hop-ratio {spec!r}: expected four non-negative numbers like 4:3:2:1")
+    return weights / weights.sum()
+
+
+def draw_hops(n: int, ratio: str, seed: int) -> list[int]:
+    """``n`` hop counts in ``ratio`` from a generator seeded by ``seed`` alone (the anchor
+    draws them unseeded, so its runs cannot be repeated)."""
+    rng = np.random.default_rng([seed, 0x40B5])
+    return [int(h) for h in rng.choice(HOPS, size=n, p=parse_hop_ratio(ratio))]
+
+
+def sample_seed_rows(n_docs: int, n: int, seed: int, step: int = 0) -> list[int]:
+    """``n`` distinct corpus rows for one step, seeded by (seed, step)."""
+    if n_docs <= 0:
+        raise ZsearchError("the corpus is empty: no seed passages to propose from")
+    rng = np.random.default_rng([seed, step, 0x5EED])
+    return [int(r) for r in rng.choice(n_docs, size=n, replace=n > n_docs)]
+
+
+def truncate_tokens(text: str, tokenizer: Any, max_tokens: int = SOURCE_TOKENS) -> str:
+    """The first ``max_tokens`` tokens of ``text`` (whole text when shorter)."""
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return text if len(ids) <= max_tokens else tokenizer.decode(ids[:max_tokens])
+
+
+@dataclass(frozen=True)
+class ProposerPrompt:
+    id: str
+    hops: int
+    source: Passage
+
+    def row(self, tokenizer: Any, max_tokens: int = SOURCE_TOKENS) -> QARow:
+        """The engine row: the Figure 5 prompt over the truncated source document. The
+        row's question is a label only (the search backend receives it as context)."""
+        document = truncate_tokens(format_source_document(self.source.title, self.source.text), tokenizer, max_tokens)
+        return QARow(self.id, f"[{self.hops}-hop proposal from {self.source.id}]", [],
+                     prompt=render_proposer_prompt(self.hops, document))
+
+
+def proposer_prompts(index: Any, n: int, ratio: str, seed: int, step: int = 0) -> list[ProposerPrompt]:
+    """``n`` seeded (hop count, source passage) prompts for one step."""
+    rows = sample_seed_rows(len(index), n, seed, step)
+    hops = draw_hops(n, ratio, seed + 7919 * step)
+    return [ProposerPrompt(f"s{step}-p{i}-{index.get(r).id}", h, index.get(r)) for i, (r, h) in enumerate(zip(rows, hops))]
+
+
+def _solver_row(question: str, answer: str, key: str) -> QARow:
+    qid = hashlib.blake2b(f"{key}\x00{question}".encode(), digest_size=6).hexdigest()
+    return QARow(f"q-{qid}", question, [answer])
+
+
+def score_proposals(
+    proposals: Sequence[dict[str, Any]],
+    prompts: Sequence[ProposerPrompt],
+    solver: RolloutEngine,
+    n_solver: int = 5,
+    step: int = 0,
+) -> list[dict[str, Any]]:
+    """Reward each proposer trajectory (aligned with ``prompts``).
+
+    Questions failing the integrity gate get reward 0 without costing solver rollouts;
+    the rest are answered ``n_solver`` times by the solver in one batched rollout."""
+    scored: list[dict[str, Any]] = []
+    to_solve: list[tuple[int, QARow]] = []
+    for i, (traj, prompt) in enumerate(zip(proposals, prompts)):
+        question, answer = extract_question_answer(traj["response_text"])
+        fmt = proposer_format_reward(traj["response_text"], prompt.hops)
+        scored.append({"question": question, "answer": answer, "fmt": fmt, "k": 0, "solver_answers": [],
+                       "reward": 0.0, "hops": prompt.hops, "source_id": prompt.source.id})
+        if fmt["integrity"]:
+            to_solve.append((i, _solver_row(question, answer, traj["id"])))
+    if to_solve:
+        trajs = solver.rollout([row for _, row in to_solve], group_size=n_solver, step=step)
+        for j, (i, row) in enumerate(to_solve):
+            group = trajs[j * n_solver : (j + 1) * n_solver]
+            preds = [t["prediction"] for t in group]
+            k = sum(int(p is not None and em(p, row.golden_answers) == 1.0) for p in preds)
+            scored[i].update(k=k, solver_answers=[p or "" for p in preds])
+    for s in scored:
+        s["reward"] = proposer_reward(s["k"], n_solver, s["fmt"])
+    return scored
+
+
+def qa_rows(scored: Sequence[dict[str, Any]], prompts: Sequence[ProposerPrompt], n_solver: int) -> list[dict[str, Any]]:
+    """PROPOSED_QA rows: a QA file for `solve`, plus every reward component."""
+    rows = []
+    for s, p in zip(scored, prompts):
+        if not s["fmt"]["integrity"]:
+            continue
+        fmt = s["fmt"]
+        rows.append({
+            "id": p.id, "question": s["question"], "golden_answers": [s["answer"]],
+            "metadata": json.dumps({"hops": s["hops"], "source_id": s["source_id"]}),
+            "hops": s["hops"], "source_id": s["source_id"], "proposer_answer": s["answer"],
+            "solver_answers": s["solver_answers"], "k": s["k"], "n": n_solver,
+            "difficulty": s["reward"] - fmt["total"], "fmt_think": fmt["think"], "fmt_tool": fmt["tool"],
+            "fmt_question": fmt["question"], "fmt_answer": fmt["answer"], "format_total": fmt["total"],
+            "reward": s["reward"],
+        })
+    return rows
+
+
+def best_of(trajs: Sequence[dict[str, Any]], prompts: Sequence[ProposerPrompt], m: int) -> list[dict[str, Any]]:
+    """For each prompt, the sample (of ``m``, row-major) with the highest format score that
+    passes the integrity gate, else the first sample; as the anchor's generation does."""
+    best = []
+    for i, prompt in enumerate(prompts):
+        group = trajs[i * m : (i + 1) * m]
+        formats = [proposer_format_reward(t["response_text"], prompt.hops) for t in group]
+        order = sorted(range(m), key=lambda j: (not formats[j]["integrity"], -formats[j]["total"], j))
+        best.append(group[order[0]])
+    return best
+
+
+# ----------------------------------------------------------------------------- generate-only
+
+
+@dataclass
+class GenerateOptions:
+    """``zsearch propose --generate-only``: write a QA set from a proposer checkpoint."""
+
+    model: str = "smollm2"
+    """Proposer: HF id, local path, checkpoint, or the smollm2 alias."""
+    solver_model: str | None = None
+    """Solver that measures difficulty; default: the same model as the proposer."""
+    index: str = "runs/index"
+    """Index directory: seed passages come from its corpus; searches go to it unless --search is http."""
+    search: str = "bm25"
+    num_questions: int = 64
+    samples: int = 4
+    """m proposer samples per prompt; the best by format score is kept (as the anchor does)."""
+    solver_samples: int = 5
+    """n solver answers per question (the difficulty reward's n)."""
+    hop_ratio: str = "4:3:2:1"
+    seed: int = 0
+    topk: int = 3
+    max_turns: int = 5
+    max_turn_tokens: int = 512
+    max_obs_tokens: int = 512
+    max_context_tokens: int = 4096
+    temperature: float = 1.0
+    batch_size: int = 16
+    backend: str = "auto"
+    device: str = "auto"
+
+
+def make_engines(opts: Any) -> tuple[RolloutEngine, RolloutEngine, Any]:
+    """(proposer engine, solver engine, index) sharing one search backend; the solver
+    shares the proposer's weights when it is the same model."""
+    from zsearch_cli.models.loading import load_backend
+    from zsearch_cli.retrieval.index import load_index
+    from zsearch_cli.rollout.engine import RolloutConfig
+    from zsearch_cli.rollout.protocols import ToolCallProtocol
+    from zsearch_cli.search.factory import make_search_backend
+
+    index = load_index(opts.index)
+    search = make_search_backend(opts.search, index_dir=opts.index)
+    proposer = load_backend(opts.model, backend=opts.backend, device=opts.device)
+    same = opts.solver_model in (None, opts.model)
+    solver = proposer if same else load_backend(opts.solver_model, backend=opts.backend, device=opts.device)
+    cfg = dict(max_turns=opts.max_turns, max_turn_tokens=opts.max_turn_tokens, max_obs_tokens=opts.max_obs_tokens,
+               max_context_tokens=opts.max_context_tokens, topk=opts.topk, temperature=opts.temperature, seed=opts.seed)
+    return (RolloutEngine(proposer, ToolCallProtocol(), search, RolloutConfig(**cfg)),
+            RolloutEngine(solver, ToolCallProtocol(), search, RolloutConfig(**{**cfg, "seed": opts.seed + 1})), index)
+
+
+def generate_questions(opts: GenerateOptions, out: Any, config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Propose ``num_questions`` questions (best of ``samples``), score them with the solver,
+    and write the PROPOSED_QA Parquet at ``out``."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from zsearch_cli.schemas import PROPOSED_QA, write_artifact
+
+    if opts.samples < 1 or opts.solver_samples < 2:
+        raise ZsearchError("--samples must be >= 1 and --solver-samples >= 2 (the difficulty reward needs n >= 2)")
+    proposer, solver, index = make_engines(opts)
+    prompts = proposer_prompts(index, opts.num_questions, opts.hop_ratio, opts.seed)
+    rows: list[dict[str, Any]] = []
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("propose", total=len(prompts))
+        for start in range(0, len(prompts), opts.batch_size):
+            batch = prompts[start : start + opts.batch_size]
+            trajs = proposer.rollout([p.row(proposer.tokenizer) for p in batch], group_size=opts.samples)
+            scored = score_proposals(best_of(trajs, batch, opts.samples), batch, solver, opts.solver_samples)
+            rows += qa_rows(scored, batch, opts.solver_samples)
+            bar.advance(task, len(batch))
+    if not rows:
+        raise ZsearchError(f"none of the {len(prompts)} proposals passed the format gate (a question and an "
+                           "answer not contained in it); train the proposer first or raise --samples")
+    write_artifact(rows, out, PROPOSED_QA, config)
+    Console(stderr=True).print(f"wrote {len(rows)} of {len(prompts)} proposed questions to {out}")
+    return rows
