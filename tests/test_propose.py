@@ -83,3 +83,19 @@ def test_best_of_prefers_the_gate_then_the_format_score(tiny_backend):
     prompt = ProposerPrompt("p", 1, src)
     trajs = [{"response_text": LEAKY}, {"response_text": FINAL}, {"response_text": "nothing"}]
     assert best_of(trajs, [prompt], 3)[0]["response_text"] == FINAL
+
+
+def test_generate_only_cli_reports_when_nothing_passes_the_gate(tmp_path, tiny_model_dir):
+    # The random tiny model never writes <question>/<answer>: a one-line error, exit 2.
+    from typer.testing import CliRunner
+
+    from zsearch_cli.cli import app
+
+    runner = CliRunner()
+    assert runner.invoke(app, ["index", "--out", str(tmp_path / "idx")]).exit_code == 0
+    result = runner.invoke(app, ["propose", "--generate-only", "--model", str(tiny_model_dir), "--index",
+                                 str(tmp_path / "idx"), "--num-questions", "2", "--samples", "1",
+                                 "--max-turn-tokens", "6", "--max-turns", "1", "--device", "cpu",
+                                 "--out", str(tmp_path / "q.parquet")])
+    assert result.exit_code == 2 and "none of the 2 proposals passed the format gate" in result.output
+    assert not (tmp_path / "q.parquet").exists()

@@ -145,5 +145,50 @@ def eval_(
     ), options)
 
 
+# ----------------------------------------------------------------------------- Dr. Zero
+
+
+@app.command()
+@stage
+def propose(
+    ctx: typer.Context,
+    generate_only: bool = typer.Option(False, "--generate-only", help="Write a QA set from the proposer without training."),
+    out: Path = typer.Option(Path("runs/propose/questions.parquet"), "--out", "-o", help="Output Parquet (PROPOSED_QA)."),
+    model: str = typer.Option("smollm2", help="Proposer model: HF id, path, checkpoint or smollm2."),
+    solver_model: Optional[str] = typer.Option(None, help="Solver that measures difficulty [same as --model]."),
+    index_dir: Path = typer.Option(Path("runs/index"), "--index", help="Index: seed passages and in-process search."),
+    search: str = typer.Option("bm25", help="bm25, dense, hybrid, http://host:port or serpapi."),
+    num_questions: int = typer.Option(64, help="Proposer prompts (one seed passage each)."),
+    samples: int = typer.Option(4, help="Proposer samples per prompt; the best by format score is kept."),
+    solver_samples: int = typer.Option(5, help="Solver answers per question (n of the difficulty reward)."),
+    hop_ratio: str = typer.Option("4:3:2:1", help="Ratio of 1:2:3:4-hop questions."),
+    seed: int = typer.Option(0, help="Seeds passages, hop draws and sampling."),
+    topk: int = typer.Option(3, help="Passages per search."),
+    max_turns: int = typer.Option(5, help="Turns before the final no-search turn."),
+    max_turn_tokens: int = typer.Option(512, help="New tokens per turn."),
+    max_obs_tokens: int = typer.Option(512, help="Tokens per tool response."),
+    max_context_tokens: int = typer.Option(4096, help="Prompt + response budget."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature for proposer and solver."),
+    batch_size: int = typer.Option(16, help="Proposer prompts per batch."),
+    backend: str = typer.Option("auto", help="hf, vllm or auto."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    config: Optional[Path] = ConfigOption,
+) -> None:
+    """Dr. Zero proposer: n-hop questions from corpus passages, rewarded by solver difficulty."""
+    from zsearch_cli.errors import ZsearchError
+    from zsearch_cli.stages.propose import GenerateOptions, generate_questions
+
+    if not generate_only:
+        raise ZsearchError("proposer training (HRPO) is not available yet; use --generate-only")
+    opts = GenerateOptions(
+        model=model, solver_model=solver_model, index=str(index_dir), search=search, num_questions=num_questions,
+        samples=samples, solver_samples=solver_samples, hop_ratio=hop_ratio, seed=seed, topk=topk,
+        max_turns=max_turns, max_turn_tokens=max_turn_tokens, max_obs_tokens=max_obs_tokens,
+        max_context_tokens=max_context_tokens, temperature=temperature, batch_size=batch_size,
+        backend=backend, device=device,
+    )
+    generate_questions(opts, out, resolved_options(ctx))
+
+
 if __name__ == "__main__":  # pragma: no cover
     app()

@@ -1,0 +1,249 @@
+"""``zsearch collect``: trajectories against a real search engine, and the query-document
+pairs in them (ZeroSearch §3.3, the first step of the simulator's fine-tuning data).
+
+An agent model answers a QA set with the multi-turn engine, searching a real backend
+(BM25 / dense / hybrid index in process, or a ``zsearch serve`` URL). Each question gets
+``samples_per_question`` samples at temperature 1.0 by default, for diverse queries. Two
+files come out, both rewritten atomically after every batch so a re-run resumes:
+
+* ``trajectories.parquet``: the TRAJECTORY artifact, as training and eval write it;
+* ``queries.parquet``: the COLLECTED_QUERY artifact, one row per executed search, with the
+  documents the engine returned and whether the trajectory's final answer was right. It is
+  derived from the trajectories alone (the engine's turn log records the passages), so it
+  can always be rebuilt from them.
+
+Reproducibility: batch ``k`` always covers QA rows ``[k*B, (k+1)*B)`` and samples with
+step ``k``, so with the same ``--batch-size`` a resumed run samples what an uninterrupted
+one would have.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from zsearch_cli.data.demo import demo_qa
+from zsearch_cli.data.qa import load_qa
+from zsearch_cli.errors import ZsearchError
+from zsearch_cli.rewards import score_answer
+from zsearch_cli.schemas import COLLECTED_QUERY, TRAJECTORY, read_artifact, read_metadata, write_artifact
+
+console = Console(stderr=True)
+
+TRAJECTORIES_FILE = "trajectories.parquet"
+QUERIES_FILE = "queries.parquet"
+
+RESUME_KEYS = ("data", "model", "protocol", "search", "samples_per_question", "temperature", "top_p", "seed",
+               "topk", "max_turns")
+"""Options that must match the run being resumed: mixing them would make one file
+describe two different collections."""
+
+
+@dataclass
+class CollectOptions:
+    """What ``zsearch collect`` runs; the CLI fills it from flags/YAML."""
+
+    data: Path | None = None
+    """QA file (FlashRAG jsonl, Search-R1 Parquet or our QA artifact); None = bundled demo train split."""
+    out: Path = Path("runs/collect")
+    model: str = "smollm2"
+    backend: str = "auto"
+    device: str = "auto"
+    search: str = "bm25"
+    """bm25 | dense | hybrid | http://host:port: a *real* engine (that is the point)."""
+    index: Path | None = None
+    """Index directory for in-process search (default: runs/index)."""
+    protocol: str = "tags"
+    samples_per_question: int = 5
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+    topk: int = 5
+    """ZeroSearch retrieves five documents, and its simulator writes five."""
+    max_turns: int = 5
+    max_turn_tokens: int = 500
+    max_obs_tokens: int = 500
+    max_context_tokens: int = 4096
+    batch_size: int = 8
+    """Questions per generation batch (each with samples_per_question samples)."""
+    limit: int | None = None
+    """Only the first N questions."""
+
+
+# ----------------------------------------------------------------------------- query rows
+
+
+def document_text(doc: dict[str, Any]) -> str:
+    """COLLECTED_QUERY's document form: ``"title\\ntext"`` (the title line may be empty)."""
+    return f"{doc.get('title') or ''}\n{doc.get('text') or ''}"
+
+
+def query_rows(trajectories: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One COLLECTED_QUERY row per search the trajectories ran, in trajectory and turn order.
+
+    A turn ran a search exactly when the engine logged its ``doc_ids``; queries of turns
+    that ran none (the final turn, an invalid action) returned no documents and are not
+    rows. ``correct`` is the EM of the trajectory's final answer against the golds (no
+    answer is not correct).
+    """
+    rows: list[dict[str, Any]] = []
+    for t in trajectories:
+        turns = json.loads(t["turns"]) if isinstance(t["turns"], str) else t["turns"]
+        correct = score_answer(t["prediction"], t["golden_answers"])["em"] == 1.0
+        for pos, turn in enumerate(turns):
+            if "doc_ids" not in turn:
+                continue
+            index = turn.get("turn", pos)
+            docs = turn.get("docs")
+            if docs is None:
+                raise ZsearchError(
+                    f"trajectory {t['id']!r}: turn {index} logged doc_ids but no docs (it was written before "
+                    "zsearch recorded the documents); collect it again"
+                )
+            queries = list(turn.get("queries") or [])
+            if len(docs) != len(queries):
+                raise ZsearchError(
+                    f"trajectory {t['id']!r}: turn {index} has {len(queries)} queries but {len(docs)} result lists"
+                )
+            for qi, (query, found) in enumerate(zip(queries, docs)):
+                rows.append({
+                    "id": f"{t['id']}/t{index}/q{qi}",
+                    "row_id": t["row_id"],
+                    "trajectory_id": t["id"],
+                    "sample_index": t["sample_index"],
+                    "turn": index,
+                    "query_index": qi,
+                    "question": t["question"],
+                    "golden_answers": list(t["golden_answers"]),
+                    "query": query,
+                    "doc_ids": [d["id"] for d in found],
+                    "documents": [document_text(d) for d in found],
+                    "prediction": t["prediction"],
+                    "correct": correct,
+                })
+    return rows
+
+
+# ----------------------------------------------------------------------------- the stage
+
+
+def _build_engine(opts: CollectOptions):
+    from zsearch_cli.models.loading import load_backend
+    from zsearch_cli.rollout.engine import RolloutConfig, RolloutEngine
+    from zsearch_cli.rollout.protocols import PROTOCOLS
+    from zsearch_cli.search.factory import make_search_backend
+
+    if opts.protocol not in PROTOCOLS:
+        raise ZsearchError(f"unknown --protocol {opts.protocol!r}: use one of {', '.join(PROTOCOLS)}")
+    search = make_search_backend(opts.search, index_dir=opts.index or Path("runs/index"))
+    backend = load_backend(opts.model, backend=opts.backend, device=opts.device)
+    cfg = RolloutConfig(
+        max_turns=opts.max_turns, max_turn_tokens=opts.max_turn_tokens, max_obs_tokens=opts.max_obs_tokens,
+        max_context_tokens=opts.max_context_tokens, topk=opts.topk, temperature=opts.temperature,
+        top_p=opts.top_p, seed=opts.seed,
+    )
+    return RolloutEngine(backend, PROTOCOLS[opts.protocol](), search, cfg)
+
+
+def _check_options(opts: CollectOptions) -> None:
+    if opts.samples_per_question < 1:
+        raise ZsearchError(f"--samples-per-question must be >= 1, got {opts.samples_per_question}")
+    if opts.batch_size < 1:
+        raise ZsearchError(f"--batch-size must be >= 1, got {opts.batch_size}")
+    if opts.temperature < 0:
+        raise ZsearchError(f"--temperature must be >= 0, got {opts.temperature}")
+    if opts.limit is not None and opts.limit < 1:
+        raise ZsearchError(f"--limit must be >= 1, got {opts.limit}")
+
+
+def _load_previous(path: Path, config: dict[str, Any]) -> list[dict[str, Any]]:
+    """The trajectories of an earlier run into the same folder, if its options match."""
+    if not path.exists():
+        return []
+    before = read_metadata(path).get("config", {})
+    for key in RESUME_KEYS:
+        if key in before and key in config and before[key] != config[key]:
+            flag = "--" + key.replace("_", "-")
+            raise ZsearchError(
+                f"{path}: was collected with {flag} {before[key]!r}, this run has {config[key]!r}; "
+                "use another --out, or the same options to resume"
+            )
+    return read_artifact(path, TRAJECTORY).to_pylist()
+
+
+def _save(trajs: list[dict[str, Any]], out: Path, config: dict[str, Any]) -> list[dict[str, Any]]:
+    """Rewrite both files atomically (trajectories first: the queries derive from them)."""
+    queries = query_rows(trajs)
+    write_artifact(trajs, out / TRAJECTORIES_FILE, TRAJECTORY, config)
+    write_artifact(queries, out / QUERIES_FILE, COLLECTED_QUERY, config)
+    return queries
+
+
+def collect(opts: CollectOptions, config: dict[str, Any]) -> dict[str, Any]:
+    """Collect (or resume collecting) trajectories and query rows; returns the summary."""
+    from zsearch_cli.rollout.engine import QARow
+
+    _check_options(opts)
+    qa = load_qa(opts.data if opts.data is not None else demo_qa("train"))  # validate before loading a model
+    if opts.limit is not None:
+        qa = qa.slice(0, opts.limit)
+    rows = [QARow(r["id"], r["question"], r["golden_answers"]) for r in qa.to_pylist()]
+    trajs = _load_previous(opts.out / TRAJECTORIES_FILE, config)
+    done = {t["row_id"] for t in trajs}
+    todo = sum(r.id not in done for r in rows)
+    if done:
+        console.print(f"[dim]{len(done)} questions already collected, {todo} to go[/]")
+    queries = query_rows(trajs)
+    if todo:
+        engine = _build_engine(opts)
+        with Progress(TextColumn("collect"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=True) as bar:
+            task = bar.add_task("collect", total=todo)
+            for step, start in enumerate(range(0, len(rows), opts.batch_size)):
+                batch = [r for r in rows[start : start + opts.batch_size] if r.id not in done]
+                if not batch:
+                    continue
+                trajs += engine.rollout(batch, group_size=opts.samples_per_question, step=step,
+                                        on_row_done=lambda n: bar.advance(task, n))
+                queries = _save(trajs, opts.out, config)  # after every batch: resumable
+    elif not (opts.out / QUERIES_FILE).exists() and trajs:
+        queries = _save(trajs, opts.out, config)
+    summary = summarize(trajs, queries)
+    print_summary(summary, opts.out)
+    return summary
+
+
+def summarize(trajs: Sequence[dict[str, Any]], queries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    n = len(trajs)
+    correct = sum(score_answer(t["prediction"], t["golden_answers"])["em"] == 1.0 for t in trajs)
+    return {
+        "questions": len({t["row_id"] for t in trajs}),
+        "trajectories": n,
+        "answered": sum(t["prediction"] is not None for t in trajs),
+        "correct": correct,
+        "searches": sum(t["num_searches"] for t in trajs),
+        "query_rows": len(queries),
+        "query_rows_correct": sum(q["correct"] for q in queries),
+    }
+
+
+def print_summary(s: dict[str, Any], out: Path) -> None:
+    table = Table(title=f"zsearch collect → {out}")
+    table.add_column("questions", justify="right")
+    table.add_column("trajectories", justify="right")
+    table.add_column("answered", justify="right")
+    table.add_column("EM-correct", justify="right")
+    table.add_column("searches", justify="right")
+    table.add_column("query rows", justify="right")
+    table.add_column("from correct", justify="right")
+    table.add_row(str(s["questions"]), str(s["trajectories"]), str(s["answered"]), str(s["correct"]),
+                  str(s["searches"]), str(s["query_rows"]), str(s["query_rows_correct"]))
+    Console().print(table)
+    if s["trajectories"] and not s["query_rows"]:
+        console.print("[yellow]warning:[/] no trajectory searched, so queries.parquet has no rows")
