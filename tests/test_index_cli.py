@@ -145,6 +145,26 @@ def test_corpus_is_memory_mapped(corpus: Path, tmp_path: Path) -> None:
     assert pa.total_allocated_bytes() - before < index._table.nbytes  # buffers live in the mmap
 
 
+def test_hits_are_read_from_the_right_record_batch(tmp_path: Path, monkeypatch) -> None:
+    """corpus.arrow with many record batches: every row maps back to its own passage."""
+    import zsearch_cli.data.corpus as corpus_mod
+
+    monkeypatch.setattr(corpus_mod, "BATCH_ROWS", 3)
+    rows = [{"id": f"r{i}", "title": None if i == 4 else f"Title {i}", "text": f"word{i} shared {'odd' * (i % 2)}"}
+            for i in range(11)]
+    index = load_index(build_index(write_jsonl(tmp_path / "c.jsonl", rows), tmp_path / "idx", {"kind": "bm25"}))
+    assert index._table.column("id").num_chunks == 4
+    for i, row in enumerate(rows):
+        got = index.get(i)
+        assert (got.id, got.title, got.text) == (row["id"], row["title"] or "", row["text"])
+    hits = index.search([f"word{i}" for i in range(11)] + ["shared", "odd", "absent"], topk=20)
+    assert [[p.id for p in h] for h in hits[:11]] == [[f"r{i}"] for i in range(11)]
+    assert {p.id for p in hits[11]} == {f"r{i}" for i in range(11)}
+    assert sorted(p.id for p in hits[12]) == sorted(f"r{i}" for i in range(1, 11, 2))
+    assert hits[13] == [] and hits[4][0].title == ""
+    assert all(p.text == rows[int(p.id[1:])]["text"] for h in hits for p in h)
+
+
 def test_rebuild_is_atomic(corpus: Path, tmp_path: Path) -> None:
     out = build_index(corpus, tmp_path / "idx", {})
     old = (out / "manifest.json").read_text()

@@ -26,6 +26,8 @@ from zsearch_cli.search.base import SearchRequest, SearchResult
 CODES = ("apple", "river", "stone", "cloud")
 N_ITEMS = 48
 STEPS = 60
+COPY_FRACTION = 0.25
+LR = 1e-3
 
 
 class OracleSearch:
@@ -68,12 +70,13 @@ def _sft(model_dir: Path, qa: list[dict[str, Any]], out: Path) -> Path:
         prompt = engine.encode_prompt(QARow(r["id"], r["question"], r["golden_answers"]))
         obs = engine._encode(engine.protocol.render_observation([OracleSearch().search(
             [SearchRequest("code", r["id"], r["question"], tuple(r["golden_answers"]))], 1)[0].passages]))
-        examples.append((prompt, obs))
+        examples.append((prompt, obs, r["golden_answers"][0]))
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     for _ in range(120):
         batch = []
-        for prompt, obs in rng.sample(examples, 16):
-            answer = engine._encode(f"<answer> {rng.choice(CODES)} </answer>")
+        for prompt, obs, r_gold in rng.sample(examples, 16):
+            word = r_gold if rng.random() < COPY_FRACTION else rng.choice(CODES)
+            answer = engine._encode(f"<answer> {word} </answer>")
             batch.append({"prompt_ids": prompt, "response_ids": search_ids + obs + answer,
                           "loss_mask": [1] * len(search_ids) + [0] * len(obs) + [1] * len(answer)})
         b = collate(batch, tok.pad_token_id, "cpu")
@@ -108,7 +111,7 @@ def _run(algo: str, toy: tuple[Path, Path], tmp_path: Path, **overrides: Any) ->
 
     model, qa = toy
     cfg = TrainConfig(algo=algo, model=str(model), train_data=str(qa), out=tmp_path / algo, steps=STEPS,
-                      batch_size=8, group_size=4, lr=2e-3, beta=0.0, max_turns=1, max_turn_tokens=12,
+                      batch_size=8, group_size=4, lr=LR, beta=0.0, max_turns=1, max_turn_tokens=12,
                       micro_batch_size=32, save_every=0, device="cpu", seed=0, **overrides)
     search = OracleSearch()
     trainer = Trainer(cfg, search=search)

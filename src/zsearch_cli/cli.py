@@ -71,13 +71,31 @@ def search(
     query: str = typer.Argument(..., help="The query to search for."),
     index_dir: Path = typer.Option(Path("runs/index"), "--index", help="Index directory from `zsearch index`."),
     method: str = typer.Option("auto", help="bm25, dense, hybrid, or auto (hybrid when both exist)."),
-    topk: int = typer.Option(3, "--topk", "-k", help="Passages to show."),
+    topk: Optional[int] = typer.Option(None, "--topk", "-k", help="Passages to show [3; 5 with the simulator]."),
+    search_spec: Optional[str] = typer.Option(
+        None, "--search", help="Another backend instead of --index: sim:MODEL[?opt=v&..], sim+http://host:port/v1, "
+        "http://host:port, serpapi, bm25, dense, hybrid."),
+    question: Optional[str] = typer.Option(None, help="Simulator: the question the documents are for [the query]."),
+    answer: Optional[list[str]] = typer.Option(None, help="Simulator: a gold answer (repeatable; the first is used)."),
+    quality: str = typer.Option("useful", help="Simulator: useful or noisy documents."),
+    sim_mode: Optional[str] = typer.Option(None, help="Simulator prompt: sft (paper Table 2) or prompt (one-shot) [sft]."),
+    sim_model: Optional[str] = typer.Option(None, help="sim+http: the server's model name [GET /v1/models, first id]."),
     config: Optional[Path] = ConfigOption,
 ) -> None:
-    """Search an index and print the top-k as a table (for humans)."""
-    from zsearch_cli.retrieval.index import print_search
+    """Search an index (or any --search backend) and print the top-k as a table (for humans)."""
+    if search_spec is None:
+        from zsearch_cli.retrieval.index import print_search
 
-    print_search(query, index_dir, method=method, topk=topk)
+        print_search(query, index_dir, method=method, topk=topk or 3)
+    elif search_spec.strip().startswith(("sim:", "sim+")):
+        from zsearch_cli.search.show import print_simulation
+
+        print_simulation(search_spec.strip(), query, question or query, answer or [], quality, topk or 5,
+                         mode=sim_mode, model=sim_model)
+    else:
+        from zsearch_cli.search.show import print_backend_search
+
+        print_backend_search(search_spec, query, index_dir, topk or 3, question, answer or [])
 
 
 @app.command()
@@ -188,6 +206,76 @@ def propose(
         backend=backend, device=device,
     )
     generate_questions(opts, out, resolved_options(ctx))
+
+
+# ----------------------------------------------------------------------------- ZeroSearch data: collect / judge
+
+
+@app.command()
+@stage
+def collect(
+    ctx: typer.Context,
+    data: Optional[Path] = typer.Option(None, "--data", help="QA file (jsonl/Parquet); default: the bundled demo train split."),
+    out: Path = typer.Option(Path("runs/collect"), "--out", "-o", help="Directory for trajectories.parquet and queries.parquet."),
+    model: str = typer.Option("smollm2", help="Agent model: HF id, local path, checkpoint dir, or smollm2."),
+    backend: str = typer.Option("auto", help="hf, vllm or auto."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    search: str = typer.Option("bm25", help="A real engine: bm25, dense, hybrid or http://host:port."),
+    index_dir: Optional[Path] = typer.Option(None, "--index", help="Index directory for in-process search [runs/index]."),
+    protocol: str = typer.Option("tags", help="tags (Search-R1/ZeroSearch) or tool_call."),
+    samples_per_question: int = typer.Option(5, "--samples-per-question", "-G", help="Trajectories per question."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature (1.0: diverse queries)."),
+    top_p: float = typer.Option(1.0, help="Nucleus sampling mass."),
+    seed: int = typer.Option(0, help="Sampling seed."),
+    topk: int = typer.Option(5, help="Passages per search (ZeroSearch: 5)."),
+    max_turns: int = typer.Option(5, help="Turns before the final no-search turn."),
+    max_turn_tokens: int = typer.Option(500, help="New tokens per turn."),
+    max_obs_tokens: int = typer.Option(500, help="Tokens per observation (whole passages are cut)."),
+    max_context_tokens: int = typer.Option(4096, help="Prompt + response token budget."),
+    batch_size: int = typer.Option(8, help="Questions per generation batch; files are rewritten after each."),
+    limit: Optional[int] = typer.Option(None, help="Only the first N questions."),
+    config: Optional[Path] = ConfigOption,
+) -> None:
+    """Collect agent trajectories against a real search engine and their query-document rows."""
+    from zsearch_cli.stages.collect import CollectOptions, collect as run_collect
+
+    run_collect(CollectOptions(
+        data=data, out=out, model=model, backend=backend, device=device, search=search, index=index_dir,
+        protocol=protocol, samples_per_question=samples_per_question, temperature=temperature, top_p=top_p,
+        seed=seed, topk=topk, max_turns=max_turns, max_turn_tokens=max_turn_tokens, max_obs_tokens=max_obs_tokens,
+        max_context_tokens=max_context_tokens, batch_size=batch_size, limit=limit,
+    ), resolved_options(ctx))
+
+
+@app.command()
+@stage
+def judge(
+    ctx: typer.Context,
+    queries: Path = typer.Argument(..., help="queries.parquet from `zsearch collect`."),
+    judge_model: str = typer.Option(..., "--judge-model", help="Local HF id/path/alias, or the endpoint's model name."),
+    judge_url: Optional[str] = typer.Option(None, "--judge-url", help="OpenAI-compatible API root, e.g. http://host:port/v1 (key: $OPENAI_API_KEY)."),
+    judge_api: str = typer.Option("chat", "--judge-api", help="Endpoint API: chat or completions."),
+    out: Path = typer.Option(Path("runs/judge"), "--out", "-o", help="Directory for judgments(.balanced).parquet."),
+    backend: str = typer.Option("auto", help="Local judge: hf, vllm or auto."),
+    device: str = typer.Option("auto", help="Local judge: auto, cpu or cuda."),
+    batch_size: int = typer.Option(16, help="Query rows per batch; the output is rewritten after each."),
+    concurrency: int = typer.Option(8, help="Endpoint: requests in flight at most."),
+    timeout: float = typer.Option(60.0, help="Endpoint: seconds per request."),
+    retries: int = typer.Option(3, help="Endpoint: retries per request (bounded, exponential backoff)."),
+    max_new_tokens: int = typer.Option(32, help="Judge tokens per verdict."),
+    limit: Optional[int] = typer.Option(None, help="Only the first N query rows."),
+    balance: bool = typer.Option(False, "--balance", help="Also write a useful/noisy-balanced set (majority downsampled)."),
+    seed: int = typer.Option(0, help="Seed of --balance's downsampling."),
+    config: Optional[Path] = ConfigOption,
+) -> None:
+    """Label each collected query's documents useful or noisy with an LLM judge (ZeroSearch §3.3)."""
+    from zsearch_cli.stages.judge import JudgeOptions, judge as run_judge
+
+    run_judge(JudgeOptions(
+        queries=queries, judge_model=judge_model, out=out, judge_url=judge_url, judge_api=judge_api,
+        backend=backend, device=device, batch_size=batch_size, concurrency=concurrency, timeout=timeout,
+        retries=retries, max_new_tokens=max_new_tokens, limit=limit, balance=balance, seed=seed,
+    ), resolved_options(ctx))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -118,9 +118,13 @@ class LLMClient:
         self, prompts: Sequence[str], max_tokens: int, temperature: float = 0.0, stop: Sequence[str] | None = None
     ) -> list[str]:
         """Texts for all ``prompts``, in order, at most ``concurrency`` requests in flight.
-        The first prompt that fails after its retries raises :class:`ZsearchError`."""
+        The first prompt that fails after its retries raises :class:`ZsearchError`; prompts
+        no worker has picked up by then are never sent."""
         if not prompts:
             return []
-        workers = min(self.concurrency, len(prompts))
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="zsearch-llm") as pool:
-            return list(pool.map(lambda p: self.complete_one(p, max_tokens, temperature, stop), prompts))
+        pool = ThreadPoolExecutor(max_workers=min(self.concurrency, len(prompts)), thread_name_prefix="zsearch-llm")
+        try:
+            futures = [pool.submit(self.complete_one, p, max_tokens, temperature, stop) for p in prompts]
+            return [f.result() for f in futures]
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)

@@ -11,8 +11,14 @@ INDEX_METHODS = ("bm25", "dense", "hybrid", "auto", "index")
 
 def make_search_backend(spec: str, index_dir: str | Path | None = None, **kwargs):
     """``bm25|dense|hybrid|auto`` (in-process index at ``index_dir``), ``http://host:port``,
-    or ``serpapi``."""
+    ``serpapi``, or the ZeroSearch simulator: ``sim:MODEL_OR_PATH`` (in-process) or
+    ``sim+http://host:port/v1`` (an OpenAI-compatible server), either optionally followed by
+    ``?option=value&…`` (see :class:`zsearch_cli.search.simulated.SimConfig`)."""
     spec = spec.strip()
+    if spec.startswith(("sim:", "sim+")):
+        from zsearch_cli.search.simulated import make_simulated_search
+
+        return make_simulated_search(spec, **kwargs)
     if spec in INDEX_METHODS:
         from zsearch_cli.search.local import IndexSearch
 
@@ -27,4 +33,5 @@ def make_search_backend(spec: str, index_dir: str | Path | None = None, **kwargs
         from zsearch_cli.search.web import SerpAPISearch
 
         return SerpAPISearch(**kwargs)
-    raise ZsearchError(f"unknown --search {spec!r}: use bm25, dense, hybrid, http://host:port or serpapi")
+    raise ZsearchError(f"unknown --search {spec!r}: use bm25, dense, hybrid, http://host:port, serpapi, "
+                       "sim:MODEL or sim+http://host:port/v1")

@@ -76,7 +76,7 @@ class OpenAICompletionsClient:
             raise PermanentError(f"the answer is not JSON: {resp.text[:200]!r}") from None
 
     def _retried(self, what: str, call: Any) -> Any:
-        return with_retries(call, what=f"simulator {self.base_url}: {what}", retries=self.retries, backoff=self.backoff)
+        return with_retries(call, what=f"simulator {what}", retries=self.retries, backoff=self.backoff)
 
     # ------------------------------------------------------------------ API
 
@@ -92,7 +92,7 @@ class OpenAICompletionsClient:
                     raise PermanentError(f"GET {url} lists no model; pass the name with --sim-model")
                 return str(data[0]["id"])
 
-            self._model = self._retried("GET /models", call)
+            self._model = self._retried(f"GET {url}", call)
         return self._model
 
     def complete(self, item: CompletionCall, max_tokens: int, temperature: float, top_p: float) -> str:
@@ -115,7 +115,7 @@ class OpenAICompletionsClient:
             text = first.get("message", {}).get("content") if item.chat else first.get("text")
             return text or ""
 
-        return self._retried(f"POST {url.rsplit('/v1', 1)[-1]}", call)
+        return self._retried(f"POST {url}", call)
 
     def complete_many(
         self, items: Sequence[CompletionCall], max_tokens: int, temperature: float, top_p: float
