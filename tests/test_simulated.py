@@ -89,18 +89,20 @@ class RecordingGenerator:
 
 
 def test_each_simulator_prompt_carries_its_own_rows_question_and_answer(tiny_backend):
+    # The first row never searches and the others search on different turns: a backend
+    # that paired queries with batch positions (the anchor's bug) would mix the rows up.
     rows = [
+        QARow("hamlet", "Who wrote Hamlet?", ["William Shakespeare"]),
         QARow("vienna", "Which river flows through Vienna?", ["Danube", "Donau"]),
-        QARow("hamlet", "Who wrote Hamlet?", ["William Shakespeare"]),  # answers without searching
         QARow("peru", "What is the capital of Peru?", ["Lima"]),
     ]
     scripts = {
-        rows[0].question: ["<search> river vienna </search>", "<answer> Danube </answer>"],
-        rows[1].question: ["<answer> Shakespeare </answer>"],
+        rows[0].question: ["<answer> Shakespeare </answer>"],
+        rows[1].question: ["<search> river vienna </search>", "<answer> Danube </answer>"],
         rows[2].question: ["<search> peru capital </search>", "<search> lima peru </search>", "<answer> Lima </answer>"],
     }
     sim_gen = RecordingGenerator(tiny_backend)
-    sim = SimulatedSearch("tiny", SimConfig(noise_start=0.0, noise_end=1.0, max_tokens=12, seed=1), generator=sim_gen)
+    sim = SimulatedSearch("tiny", SimConfig(noise_start=0.0, noise_end=1.0, max_tokens=8, seed=1), generator=sim_gen)
     sim.set_progress(5, 10)
     assert sim.noise_p == pytest.approx(1 / 3)  # (4^0.5 − 1)/3
     engine = RolloutEngine(ScriptedBackend(tiny_backend.tokenizer, scripts), TagsProtocol(), sim,

@@ -174,6 +174,8 @@ class SimulatedSearch:
         if cfg.mode == "sft" and topk > SFT_DOCS:
             raise ZsearchError(f"the ZeroSearch simulator prompt asks for {SFT_DOCS} documents: use topk <= "
                                f"{SFT_DOCS} with --search sim (or mode=prompt)")
+        if qualities is not None and len(qualities) != len(requests):
+            raise ZsearchError(f"{len(qualities)} qualities for {len(requests)} requests")
         logs = [self._draw(r, None if qualities is None else qualities[i]) for i, r in enumerate(requests)]
         prompts = []
         for r, log in zip(requests, logs):
@@ -233,14 +235,15 @@ class SimulatedSearch:
         self._batches += 1
         seeds = [derived_seed(cfg.seed, step, requests[i].row_id, requests[i].sample_index, requests[i].query,
                               logs[i]["call_index"]) for i in todo]
-        raws = self._complete([prompts[i] for i in todo], seeds, attempt=0)
+        raws, seeds = self._complete([prompts[i] for i in todo], seeds, attempt=0)
         for i, seed, raw in zip(todo, seeds, raws):
             logs[i]["raw"], logs[i]["seed"] = raw, seed
             docs[i] = parse_documents(raw, topk, cfg.max_doc_chars)
         short = [i for i in todo if len(docs[i]) < topk]
         if short and cfg.reask and cfg.temperature > 0:
             seeds = [derived_seed(logs[i]["seed"], "reask") for i in short]
-            for i, seed, raw in zip(short, seeds, self._complete([prompts[i] for i in short], seeds, attempt=1)):
+            raws, _ = self._complete([prompts[i] for i in short], seeds, attempt=1)
+            for i, raw in zip(short, raws):
                 again = parse_documents(raw, topk, cfg.max_doc_chars)
                 logs[i]["reasked"], logs[i]["raw_reask"] = True, raw
                 if len(again) > len(docs[i]):
@@ -250,8 +253,9 @@ class SimulatedSearch:
                 r = requests[i]
                 self._cache_put((r.query, logs[i]["quality"], r.question), docs[i])
 
-    def _complete(self, prompts: list[str], seeds: list[int], attempt: int) -> list[str]:
-        """Raw simulator outputs for ``prompts`` (in-process: one batched generate call)."""
+    def _complete(self, prompts: list[str], seeds: list[int], attempt: int) -> tuple[list[str], list[int]]:
+        """Raw simulator outputs for ``prompts`` and the seeds used: ``seeds`` (one per
+        request) over HTTP; in-process, one batched generate call with one call seed."""
         cfg = self.config
         chat = cfg.mode == "prompt" or SIM_CHAT_TEMPLATE
         system = PROMPT_MODE_SYSTEM if cfg.mode == "prompt" else None
@@ -260,7 +264,7 @@ class SimulatedSearch:
 
             calls = [CompletionCall(p, s, chat=chat, system=system) for p, s in zip(prompts, seeds)]
             try:
-                return self.client.complete_many(calls, cfg.max_tokens, cfg.temperature, cfg.top_p)
+                return self.client.complete_many(calls, cfg.max_tokens, cfg.temperature, cfg.top_p), seeds
             except ZsearchError as err:
                 raise SearchBackendError(str(err)) from None
         from zsearch_cli.models.base import SamplingParams
@@ -277,7 +281,7 @@ class SimulatedSearch:
         params = SamplingParams(max_new_tokens=cfg.max_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
                                 seed=call_seed)
         outs = self.generator.generate(ids, params)
-        return [tok.decode(o.token_ids, skip_special_tokens=True) for o in outs]
+        return [tok.decode(o.token_ids, skip_special_tokens=True) for o in outs], [call_seed] * len(prompts)
 
     # ------------------------------------------------------------------ cache
 

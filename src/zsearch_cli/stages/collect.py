@@ -234,16 +234,14 @@ def summarize(trajs: Sequence[dict[str, Any]], queries: Sequence[dict[str, Any]]
 
 
 def print_summary(s: dict[str, Any], out: Path) -> None:
+    """The collection at a glance, one metric per line (fits any terminal width)."""
     table = Table(title=f"zsearch collect → {out}")
-    table.add_column("questions", justify="right")
-    table.add_column("trajectories", justify="right")
-    table.add_column("answered", justify="right")
-    table.add_column("EM-correct", justify="right")
-    table.add_column("searches", justify="right")
-    table.add_column("query rows", justify="right")
-    table.add_column("from correct", justify="right")
-    table.add_row(str(s["questions"]), str(s["trajectories"]), str(s["answered"]), str(s["correct"]),
-                  str(s["searches"]), str(s["query_rows"]), str(s["query_rows_correct"]))
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for label, key in (("questions", "questions"), ("trajectories", "trajectories"), ("answered", "answered"),
+                       ("EM-correct", "correct"), ("searches", "searches"), ("query rows", "query_rows"),
+                       ("query rows from correct trajectories", "query_rows_correct")):
+        table.add_row(label, str(s[key]))
     Console().print(table)
     if s["trajectories"] and not s["query_rows"]:
         console.print("[yellow]warning:[/] no trajectory searched, so queries.parquet has no rows")
