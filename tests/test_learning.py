@@ -25,9 +25,11 @@ from zsearch_cli.search.base import SearchRequest, SearchResult
 
 CODES = ("apple", "river", "stone", "cloud")
 N_ITEMS = 48
-STEPS = 60
-COPY_FRACTION = 0.25
-LR = 1e-3
+STEPS = 30
+COPY_FRACTION = 0.0
+PER_ITEM_CODES = False
+LR = 1e-4
+SFT_STEPS = 60
 
 
 class OracleSearch:
@@ -48,8 +50,8 @@ class OracleSearch:
 
 def _qa_rows() -> list[dict[str, Any]]:
     rng = random.Random(0)
-    return [{"id": f"item-{i}", "question": f"what is the code of item {i}?", "golden_answers": [rng.choice(CODES)]}
-            for i in range(N_ITEMS)]
+    return [{"id": f"item-{i}", "question": f"what is the code of item {i}?",
+             "golden_answers": [rng.choice(CODES) if PER_ITEM_CODES else CODES[0]]} for i in range(N_ITEMS)]
 
 
 def _sft(model_dir: Path, qa: list[dict[str, Any]], out: Path) -> Path:
@@ -72,7 +74,7 @@ def _sft(model_dir: Path, qa: list[dict[str, Any]], out: Path) -> Path:
             [SearchRequest("code", r["id"], r["question"], tuple(r["golden_answers"]))], 1)[0].passages]))
         examples.append((prompt, obs, r["golden_answers"][0]))
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(120):
+    for _ in range(SFT_STEPS):
         batch = []
         for prompt, obs, r_gold in rng.sample(examples, 16):
             word = r_gold if rng.random() < COPY_FRACTION else rng.choice(CODES)

@@ -220,7 +220,7 @@ def collect(
     model: str = typer.Option("smollm2", help="Agent model: HF id, local path, checkpoint dir, or smollm2."),
     backend: str = typer.Option("auto", help="hf, vllm or auto."),
     device: str = typer.Option("auto", help="auto, cpu or cuda."),
-    search: str = typer.Option("bm25", help="A real engine: bm25, dense, hybrid or http://host:port."),
+    search: str = typer.Option("bm25", help="A real engine: bm25, dense, hybrid, http://host:port or serpapi."),
     index_dir: Optional[Path] = typer.Option(None, "--index", help="Index directory for in-process search [runs/index]."),
     protocol: str = typer.Option("tags", help="tags (Search-R1/ZeroSearch) or tool_call."),
     samples_per_question: int = typer.Option(5, "--samples-per-question", "-G", help="Trajectories per question."),
@@ -276,6 +276,84 @@ def judge(
         backend=backend, device=device, batch_size=batch_size, concurrency=concurrency, timeout=timeout,
         retries=retries, max_new_tokens=max_new_tokens, limit=limit, balance=balance, seed=seed,
     ), resolved_options(ctx))
+
+
+# ----------------------------------------------------------------------------- train / plot
+
+
+@app.command()
+@stage
+def train(
+    ctx: typer.Context,
+    algo: str = typer.Option("grpo", help="reinforce, ppo, grpo, gspo, dspo (+ dspo-nofilter, dspo-token)."),
+    preset: Optional[str] = typer.Option(None, help="search-r1, zerosearch, dspo or drzero-solver: the papers' settings; flags override."),
+    model: str = typer.Option("smollm2", help="Policy to start from: HF id, local path, checkpoint dir, or smollm2."),
+    train_data: Optional[str] = typer.Option(None, help="Comma list of QA files; default: the bundled demo train split."),
+    out: Path = typer.Option(Path("runs/train"), "--out", "-o", help="Run directory (checkpoints/, final/, metrics)."),
+    steps: int = typer.Option(100, help="Training steps."),
+    seed: int = typer.Option(0, help="Seeds data order, sampling and mini-batch order."),
+    batch_size: int = typer.Option(8, help="Prompts per step (DSPO: mixed groups to collect)."),
+    group_size: Optional[int] = typer.Option(None, "--group-size", "-G", help="Responses per prompt [algo default: PPO 1, others 5]."),
+    ppo_epochs: int = typer.Option(1, help="Passes over each rollout batch."),
+    mini_batch_size: Optional[int] = typer.Option(None, help="Sequences per optimizer step [whole batch]."),
+    micro_batch_size: int = typer.Option(8, help="Sequences per forward/backward (gradient accumulation)."),
+    lr: Optional[float] = typer.Option(None, help="Actor learning rate [algo default 1e-6]."),
+    critic_lr: Optional[float] = typer.Option(None, help="PPO critic learning rate [1e-5]."),
+    critic_model: Optional[str] = typer.Option(None, help="PPO critic backbone [a copy of the policy]."),
+    beta: Optional[float] = typer.Option(None, help="KL weight to the reference [algo default]; 0 loads no reference."),
+    clip_eps: Optional[float] = typer.Option(None, help="Ratio clip ε, both sides [algo default]."),
+    clip_eps_low: Optional[float] = typer.Option(None, help="Lower ratio clip ε."),
+    clip_eps_high: Optional[float] = typer.Option(None, help="Upper ratio clip ε."),
+    max_gen_batches: Optional[int] = typer.Option(None, help="DSPO: generation batches per step at most [10]."),
+    algo_arg: Optional[list[str]] = typer.Option(None, help="KEY=VALUE for any other algo config field (repeatable)."),
+    max_grad_norm: float = typer.Option(1.0, help="Gradient-norm clip (0 = off)."),
+    lr_schedule: str = typer.Option("constant", help="constant or cosine, after the warmup."),
+    warmup_ratio: float = typer.Option(0.0, help="Fraction of steps with linear warmup."),
+    min_lr_ratio: float = typer.Option(0.0, help="Cosine floor as a fraction of the lr."),
+    weight_decay: float = typer.Option(0.0, help="AdamW weight decay."),
+    lora_r: int = typer.Option(0, help="LoRA rank (0 = full fine-tune)."),
+    lora_alpha: int = typer.Option(16, help="LoRA alpha."),
+    lora_targets: str = typer.Option("q_proj,k_proj,v_proj,o_proj", help="Modules that get LoRA adapters."),
+    gradient_checkpointing: bool = typer.Option(False, help="Trade compute for memory in the update."),
+    reward: str = typer.Option("em", help="em, f1 or subem."),
+    format_bonus: float = typer.Option(0.0, help="Added when the response is well formed (0 = papers)."),
+    search: str = typer.Option("bm25", help="bm25, dense, hybrid, http://host:port, serpapi."),
+    index_dir: Optional[Path] = typer.Option(None, "--index", help="Index directory for in-process search [runs/index]."),
+    protocol: str = typer.Option("tags", help="tags (Search-R1) or tool_call (Dr. Zero)."),
+    topk: int = typer.Option(3, help="Passages per search."),
+    max_turns: int = typer.Option(4, help="Search turns before the final turn."),
+    max_turn_tokens: int = typer.Option(500, help="New tokens per turn."),
+    max_obs_tokens: int = typer.Option(500, help="Tokens per observation."),
+    max_context_tokens: int = typer.Option(4096, help="Prompt + response budget."),
+    temperature: float = typer.Option(1.0, help="Sampling temperature."),
+    top_p: float = typer.Option(1.0, help="Nucleus sampling mass."),
+    backend: str = typer.Option("auto", help="hf, vllm or auto."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    dtype: str = typer.Option("auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16."),
+    save_every: int = typer.Option(50, help="Checkpoint every N steps (0 = final only)."),
+    keep_checkpoints: int = typer.Option(2, help="Checkpoints to keep."),
+    resume: bool = typer.Option(False, help="Continue from the latest checkpoint in --out."),
+    save_rollouts: bool = typer.Option(False, help="Write OUT/rollouts/step-N.parquet every step."),
+    report_to: str = typer.Option("none", help="none, tensorboard or wandb."),
+    config: Optional[Path] = ConfigOption,
+) -> None:
+    """RL-train a search agent: rollout, reward, (filter), advantages, update; one loop for every --algo."""
+    from zsearch_cli.train.cli_support import config_from_cli
+    from zsearch_cli.train.trainer import run_training
+
+    run_training(config_from_cli(ctx, resolved_options(ctx)))
+
+
+@app.command()
+@stage
+def plot(
+    run_dir: Path = typer.Argument(..., help="A `zsearch train` output folder."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="PNG to write [RUN_DIR/curves.png]."),
+) -> None:
+    """Plot a training run's metric curves to a PNG."""
+    from zsearch_cli.train.metrics import plot_metrics
+
+    typer.echo(f"curves written to {plot_metrics(run_dir, out)}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -237,6 +237,8 @@ def load_model(
     from transformers import AutoModelForCausalLM
 
     path = resolve_model_path(name_or_path)
+    if is_lora_checkpoint(path):
+        return _load_lora_merged(path, device, dtype, trainable)
     tokenizer = load_tokenizer(path)
     device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, device)
@@ -249,6 +251,54 @@ def load_model(
     model.train(trainable)
     model.requires_grad_(trainable)
     return model, tokenizer
+
+
+def is_lora_checkpoint(path: str | Path) -> bool:
+    """A peft adapter folder (``zsearch train --lora-r N`` writes these) rather than a model."""
+    p = Path(path)
+    return (p / "adapter_config.json").is_file() and not (p / "config.json").is_file()
+
+
+def _load_lora_merged(path: str, device: str, dtype: "str | torch.dtype", trainable: bool) -> tuple[Any, Any]:
+    """Base model (``base_model_name_or_path`` of the adapter) + adapter, merged into plain
+    weights for inference: callers get an ordinary causal LM, as for a full checkpoint."""
+    try:
+        base_name = json.loads((Path(path) / "adapter_config.json").read_text())["base_model_name_or_path"]
+    except (OSError, ValueError, KeyError) as err:
+        raise ZsearchError(f"{path}: adapter_config.json has no readable base_model_name_or_path ({err})") from None
+    if not base_name:
+        raise ZsearchError(f"{path}: adapter_config.json does not name its base model")
+    from peft import PeftModel
+
+    model, tokenizer = load_model(base_name, device=device, dtype=dtype, trainable=False)
+    try:
+        model = PeftModel.from_pretrained(model, path).merge_and_unload()
+    except (OSError, ValueError) as err:
+        raise ZsearchError(f"{path}: cannot load the LoRA adapter onto {base_name} ({err})") from None
+    if any(Path(path).glob("tokenizer*")):
+        tokenizer = load_tokenizer(path)
+        _sync_pad_into_model(model, tokenizer)
+    model.train(trainable)
+    model.requires_grad_(trainable)
+    return model, tokenizer
+
+
+def merged_lora_dir(path: str) -> str:
+    """A full-weights copy of a LoRA checkpoint (``PATH/merged``, built once), for engines
+    such as vLLM that load a model folder themselves."""
+    target = Path(path) / "merged"
+    if not _folder_is_complete(target):
+        model, tokenizer = _load_lora_merged(path, "cpu", "float32", False)
+        tmp = Path(tempfile.mkdtemp(prefix=".merged.tmp-", dir=path))
+        try:
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            if target.exists():
+                shutil.rmtree(target)
+            os.rename(tmp, target)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)
 
 
 def apply_chat(tokenizer: Any, user_text: str, system: str | None = None) -> list[int]:
@@ -295,5 +345,8 @@ def load_backend(
     if backend == "vllm":
         from zsearch_cli.models.vllm import VLLMBackend
 
+        path = resolve_model_path(name_or_path)
+        if is_lora_checkpoint(path):
+            name_or_path = merged_lora_dir(path)
         return VLLMBackend(name_or_path, dtype=dtype, **vllm_kwargs)
     raise ZsearchError(f"unknown backend '{backend}': use hf, vllm or auto")

@@ -56,7 +56,7 @@ class CollectOptions:
     backend: str = "auto"
     device: str = "auto"
     search: str = "bm25"
-    """bm25 | dense | hybrid | http://host:port: a *real* engine (that is the point)."""
+    """bm25 | dense | hybrid | http://host:port | serpapi: a *real* engine (that is the point)."""
     index: Path | None = None
     """Index directory for in-process search (default: runs/index)."""
     protocol: str = "tags"

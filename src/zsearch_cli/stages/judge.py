@@ -155,6 +155,9 @@ def _load_previous(path: Path, judge_model: str) -> list[dict[str, Any]]:
     if before.get("judge_model") not in (None, judge_model):
         raise ZsearchError(f"{path}: was judged by {before['judge_model']!r}, this run uses {judge_model!r}; "
                            "use another --out, or the same judge to resume")
+    if before.get("judge_prompt_version") not in (None, JUDGE_PROMPT_VERSION):
+        raise ZsearchError(f"{path}: was judged with prompt {before['judge_prompt_version']!r}, this zsearch has "
+                           f"{JUDGE_PROMPT_VERSION!r}; use another --out")
     return read_artifact(path, JUDGMENT).to_pylist()
 
 

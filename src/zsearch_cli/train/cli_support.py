@@ -1,0 +1,41 @@
+"""Turn ``zsearch train``'s parsed options into a :class:`TrainConfig` (presets included).
+
+Which options did the user set? Those click reports as coming from the command line, the
+environment, or the ``--config`` YAML (its ``default_map``). A preset fills only the rest,
+so ``--preset search-r1 --lr 1e-5`` trains at 1e-5 with every other Search-R1 value.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from click.core import ParameterSource
+
+from zsearch_cli.presets import apply_preset
+from zsearch_cli.train.config import TrainConfig, parse_algo_args
+
+_RENAMED = {"index_dir": "index", "algo_arg": "algo_args"}
+"""CLI parameter name -> TrainConfig field, where they differ."""
+
+_EXPLICIT = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.DEFAULT_MAP)
+
+
+def explicit_options(ctx: Any) -> set[str]:
+    """TrainConfig field names the user set (command line, environment or --config file)."""
+    names = set()
+    for name in ctx.params:
+        if ctx.get_parameter_source(name) in _EXPLICIT:
+            names.add(_RENAMED.get(name, name))
+    return names
+
+
+def config_from_cli(ctx: Any, options: dict[str, Any]) -> TrainConfig:
+    """Resolved CLI options -> TrainConfig, with ``--preset`` filling the unset ones."""
+    values = {_RENAMED.get(k, k): v for k, v in options.items()}
+    values["algo_args"] = parse_algo_args(values.get("algo_args"))
+    values = apply_preset(values.get("preset"), values, explicit_options(ctx))
+    for key in ("out", "index"):
+        if values.get(key) is not None:
+            values[key] = Path(values[key])
+    return TrainConfig.from_dict(values)
