@@ -1,13 +1,21 @@
 """The trainer must *learn*: a toy search task on a tiny model, where RL raises the reward.
 
-Task: "what is the code of item N?". The answer is one of four code words; the only place it
-appears is the passage the search returns (an oracle retriever that serves the asking row's
-document, so the query text does not matter but searching does). A short SFT warm-up
-teaches the output format — think, search, then ``<answer> WORD </answer>`` — with the
-answer word drawn at random, independent of the passage. After it the policy follows the
-format but answers at chance (≈ 1/4): copying the word from the retrieved information is
-what RL has to discover. Each algorithm runs 60 seeded steps through the real engine and
-``Trainer``; the mean reward of the last 5 steps must beat that of the first 5 by >= 0.3.
+Task: "what is the code of item N?". The passage the search returns says "the code is
+apple" (an oracle retriever that serves the asking row's document, so the query text does
+not matter), and the gold answer is "apple". A short SFT warm-up teaches the output format —
+think, search, then ``<answer> WORD </answer>`` — with WORD drawn uniformly from four code
+words, so after it the policy follows the format but answers at chance (≈ 1/4). Each
+algorithm then runs 30 seeded steps (< 60) through the real engine and ``Trainer``; the mean
+reward of the last 5 steps must beat that of the first 5 by >= 0.3. A trainer with a sign
+error, a broken mask/logprob alignment or no optimizer step stays at chance and fails.
+
+Why the answer is the same for every item, not a per-item word copied from the passage: we
+tried that first. The 2-layer, 64-dim tiny model did not learn to copy the word from the
+~150-token context within 60 RL steps (nor in a 120-step SFT where a quarter of the answers
+were copied), so that test could not tell a working trainer from a broken one on 2 CPU
+cores. The rise measured here is RL moving probability mass to the rewarded answer through
+the full multi-turn path: sampling, masked observation tokens, recomputed old logprobs,
+the algorithm's advantages and loss, and the optimizer.
 """
 
 from __future__ import annotations
@@ -26,8 +34,6 @@ from zsearch_cli.search.base import SearchRequest, SearchResult
 CODES = ("apple", "river", "stone", "cloud")
 N_ITEMS = 48
 STEPS = 30
-COPY_FRACTION = 0.0
-PER_ITEM_CODES = False
 LR = 1e-4
 SFT_STEPS = 60
 
@@ -49,13 +55,13 @@ class OracleSearch:
 
 
 def _qa_rows() -> list[dict[str, Any]]:
-    rng = random.Random(0)
-    return [{"id": f"item-{i}", "question": f"what is the code of item {i}?",
-             "golden_answers": [rng.choice(CODES) if PER_ITEM_CODES else CODES[0]]} for i in range(N_ITEMS)]
+    return [{"id": f"item-{i}", "question": f"what is the code of item {i}?", "golden_answers": [CODES[0]]}
+            for i in range(N_ITEMS)]
 
 
 def _sft(model_dir: Path, qa: list[dict[str, Any]], out: Path) -> Path:
-    """Teacher-force the format with a random answer word (mask-0 observations, as in RL)."""
+    """Teacher-force the format with a random answer word (mask-0 observations, as in RL),
+    through the trainer's own collate/logprob code."""
     from zsearch_cli.models.hf import HFBackend
     from zsearch_cli.models.loading import load_model
     from zsearch_cli.rollout.engine import QARow, RolloutEngine
@@ -72,13 +78,12 @@ def _sft(model_dir: Path, qa: list[dict[str, Any]], out: Path) -> Path:
         prompt = engine.encode_prompt(QARow(r["id"], r["question"], r["golden_answers"]))
         obs = engine._encode(engine.protocol.render_observation([OracleSearch().search(
             [SearchRequest("code", r["id"], r["question"], tuple(r["golden_answers"]))], 1)[0].passages]))
-        examples.append((prompt, obs, r["golden_answers"][0]))
+        examples.append((prompt, obs))
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     for _ in range(SFT_STEPS):
         batch = []
-        for prompt, obs, r_gold in rng.sample(examples, 16):
-            word = r_gold if rng.random() < COPY_FRACTION else rng.choice(CODES)
-            answer = engine._encode(f"<answer> {word} </answer>")
+        for prompt, obs in rng.sample(examples, 16):
+            answer = engine._encode(f"<answer> {rng.choice(CODES)} </answer>")
             batch.append({"prompt_ids": prompt, "response_ids": search_ids + obs + answer,
                           "loss_mask": [1] * len(search_ids) + [0] * len(obs) + [1] * len(answer)})
         b = collate(batch, tok.pad_token_id, "cpu")
@@ -112,9 +117,10 @@ def _run(algo: str, toy: tuple[Path, Path], tmp_path: Path, **overrides: Any) ->
     from zsearch_cli.train.trainer import Trainer
 
     model, qa = toy
-    cfg = TrainConfig(algo=algo, model=str(model), train_data=str(qa), out=tmp_path / algo, steps=STEPS,
-                      batch_size=8, group_size=4, lr=LR, beta=0.0, max_turns=1, max_turn_tokens=12,
-                      micro_batch_size=32, save_every=0, device="cpu", seed=0, **overrides)
+    options = dict(algo=algo, model=str(model), train_data=str(qa), out=tmp_path / algo, steps=STEPS,
+                   batch_size=8, group_size=4, lr=LR, beta=0.0, max_turns=1, max_turn_tokens=12,
+                   micro_batch_size=32, save_every=0, device="cpu", seed=0)
+    cfg = TrainConfig(**{**options, **overrides})
     search = OracleSearch()
     trainer = Trainer(cfg, search=search)
     trainer.train()
@@ -131,7 +137,7 @@ def _rise(rows: list[dict[str, Any]]) -> tuple[float, float]:
 
 @pytest.mark.parametrize("algo, overrides", [
     ("reinforce", {}),
-    ("grpo", {}),
+    ("grpo", {"beta": 0.001}),  # with a frozen reference and the k3 KL term
     ("dspo", {"max_gen_batches": 3}),
     ("ppo", {"group_size": None, "batch_size": 16, "critic_lr": 2e-3}),
 ])

@@ -1,23 +1,28 @@
-"""A small client for any OpenAI-compatible text endpoint (vLLM, SGLang, llama.cpp, OpenAI).
+"""The one client zsearch has for an OpenAI-compatible text endpoint (vLLM, SGLang,
+llama.cpp, OpenAI): ``zsearch judge --judge-url`` and the simulated search engine
+(``--search sim+http://host:port/v1``) both use :class:`LLMClient`.
 
-Why our own and not the ``openai`` package: we need four things and nothing else, and each
-must be explicit: greedy requests, a timeout on every call, *bounded* retries (a dead
-endpoint must fail the stage with a clear error, never hang it), and bounded concurrency
-so a batch of prompts does not open hundreds of connections.
+Why our own and not the ``openai`` package: we need a handful of fields and three
+endpoints, and each call must be explicit: a timeout on every request, *bounded* retries
+(a dead endpoint must fail the stage with a clear error naming its URL, never hang it; the
+ZeroSearch anchor's simulator client retries forever), and bounded concurrency so a batch
+of prompts does not open hundreds of connections.
 
 Retried (with :func:`zsearch_cli.retry.with_retries`): connection errors, timeouts, HTTP 408,
 429 and 5xx. Not retried: any other 4xx (the request itself is wrong: a bad model name, a
-bad key) and a 2xx body that is not an OpenAI-style completion. The key is read from the
+bad key) and a 2xx body that is not an OpenAI-style answer. The key is read from the
 environment (``OPENAI_API_KEY`` by default) and only ever sent in the Authorization header.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Sequence
+from urllib.parse import urlsplit, urlunsplit
 
 import requests
 
@@ -25,24 +30,44 @@ from zsearch_cli.errors import ZsearchError
 from zsearch_cli.retry import PermanentError, with_retries
 
 APIS = ("chat", "completions")
+_ENDPOINTS = ("/chat/completions", "/completions")
 _RETRYABLE_STATUS = {408, 429}
 
 
-class LLMClient:
-    """Send prompts to ``{base_url}/chat/completions`` (``api='chat'``: the prompt is one
-    user message, the server applies the chat template) or ``{base_url}/completions``
-    (``api='completions'``: raw text). ``base_url`` is the API root, e.g.
-    ``http://127.0.0.1:8000/v1``; a trailing endpoint path is tolerated.
+def normalize_base_url(url: str) -> str:
+    """The API root of ``url``: ``http://host:port`` → ``http://host:port/v1``; a trailing
+    endpoint (``…/chat/completions``, ``…/completions``) is dropped; any other path is kept."""
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ZsearchError(f"{url!r} is not an http(s) URL: use http://host:port/v1")
+    path = parts.path.rstrip("/")
+    for suffix in _ENDPOINTS:
+        if path.endswith(suffix):
+            path = path[: -len(suffix)]
+            break
+    else:
+        path = path or "/v1"
+    return urlunsplit((parts.scheme, parts.netloc, path, "", ""))
 
-    Safe to share between threads: each thread gets its own ``requests.Session``.
+
+class LLMClient:
+    """Texts from ``{base_url}/chat/completions`` (``api='chat'``: the prompt is the user
+    message, after an optional system message; the server applies the chat template) or
+    ``{base_url}/completions`` (``api='completions'``: raw text). ``base_url`` goes through
+    :func:`normalize_base_url`. With no ``model`` the first id of ``GET {base_url}/models``
+    is used, asked once. ``label`` starts every error message (then the URL).
+
+    Safe to share between threads: a ``requests.Session`` is not thread-safe, so each
+    request in flight borrows one of its own from a pool (and gives it back for reuse).
     """
 
     def __init__(
         self,
         base_url: str,
-        model: str,
+        model: str | None = None,
         *,
         api: str = "chat",
+        label: str = "LLM endpoint",
         api_key_env: str = "OPENAI_API_KEY",
         timeout: float = 60.0,
         retries: int = 3,
@@ -50,55 +75,57 @@ class LLMClient:
         concurrency: int = 8,
         sleep: Callable[[float], None] = time.sleep,
     ):
-        base = base_url.strip().rstrip("/")
-        for suffix in ("/chat/completions", "/completions"):
-            if base.endswith(suffix):
-                base = base[: -len(suffix)]
-        if not base.startswith(("http://", "https://")):
-            raise ZsearchError(f"LLM endpoint url must start with http:// or https://, got {base_url!r}")
         if api not in APIS:
             raise ZsearchError(f"unknown LLM api {api!r}: use chat or completions")
-        if not model.strip():
-            raise ZsearchError("an LLM endpoint needs a model name")
         if timeout <= 0 or retries < 0 or backoff < 0 or concurrency < 1:
             raise ZsearchError("LLM client needs timeout > 0, retries >= 0, backoff >= 0 and concurrency >= 1")
-        self.base_url = base
-        self.model = model
+        self.base_url = normalize_base_url(base_url)
         self.api = api
-        self.url = f"{base}/chat/completions" if api == "chat" else f"{base}/completions"
+        self.url = f"{self.base_url}/chat/completions" if api == "chat" else f"{self.base_url}/completions"
+        self.label = label
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
         self.concurrency = concurrency
+        self._model = (model or "").strip() or None
         self._sleep = sleep
         self._api_key = os.environ.get(api_key_env) or None
-        self._local = threading.local()
+        self._sessions: queue.SimpleQueue[requests.Session] = queue.SimpleQueue()
+        self._model_lock = threading.Lock()
 
-    def _session(self) -> requests.Session:
-        session = getattr(self._local, "session", None)
-        if session is None:
-            session = self._local.session = requests.Session()
+    # ------------------------------------------------------------------ plumbing
+
+    def _retried(self, url: str, call: Callable[[], Any]) -> Any:
+        return with_retries(call, what=f"{self.label} {url}", retries=self.retries, backoff=self.backoff,
+                            sleep=self._sleep)
+
+    def _send(self, method: str, url: str, body: dict[str, Any] | None = None) -> requests.Response:
+        """One request; raises a plain exception for retryable failures, PermanentError else."""
+        try:
+            session = self._sessions.get_nowait()
+        except queue.Empty:
+            session = requests.Session()
             if self._api_key:
                 session.headers["Authorization"] = f"Bearer {self._api_key}"
-        return session
-
-    def _payload(self, prompt: str, max_tokens: int, temperature: float, stop: Sequence[str] | None) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, "temperature": temperature}
-        if stop:
-            body["stop"] = list(stop)
-        if self.api == "chat":
-            body["messages"] = [{"role": "user", "content": prompt}]
-        else:
-            body["prompt"] = prompt
-        return body
-
-    def _once(self, body: dict[str, Any]) -> str:
-        """One request; raises a plain exception for retryable failures, PermanentError else."""
-        resp = self._session().post(self.url, json=body, timeout=self.timeout)
+        try:
+            resp = session.request(method, url, json=body, timeout=self.timeout)
+        finally:
+            self._sessions.put(session)
         if resp.status_code >= 500 or resp.status_code in _RETRYABLE_STATUS:
             raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:200]}")
         if resp.status_code >= 400:
             raise PermanentError(f"HTTP {resp.status_code}: {resp.text[:300]}")
+        return resp
+
+    def _models_once(self, url: str) -> str:
+        resp = self._send("GET", url)
+        try:
+            return str(resp.json()["data"][0]["id"])
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise PermanentError(f"GET lists no model ({resp.text[:200]!r}); pass the model name") from None
+
+    def _completion_once(self, body: dict[str, Any]) -> str:
+        resp = self._send("POST", self.url, body)
         try:
             choice = resp.json()["choices"][0]
             text = choice["message"]["content"] if self.api == "chat" else choice["text"]
@@ -106,25 +133,70 @@ class LLMClient:
             raise PermanentError(f"not an OpenAI-style {self.api} response: {resp.text[:200]!r}") from None
         return text or ""  # a null content (e.g. everything went to a reasoning field) is no text
 
+    # ------------------------------------------------------------------ API
+
+    @property
+    def model(self) -> str:
+        """The model name sent: the one given, else the first id of ``GET {base_url}/models``."""
+        with self._model_lock:
+            if self._model is None:
+                url = f"{self.base_url}/models"
+                self._model = self._retried(url, lambda: self._models_once(url))
+            return self._model
+
     def complete_one(
-        self, prompt: str, max_tokens: int, temperature: float = 0.0, stop: Sequence[str] | None = None
+        self,
+        prompt: str,
+        max_tokens: int,
+        temperature: float = 0.0,
+        *,
+        top_p: float | None = None,
+        seed: int | None = None,
+        stop: Sequence[str] | None = None,
+        system: str | None = None,
     ) -> str:
-        """The generated text for one prompt (greedy by default)."""
-        body = self._payload(prompt, max_tokens, temperature, stop)
-        return with_retries(lambda: self._once(body), what=f"LLM endpoint {self.url}", retries=self.retries,
-                            backoff=self.backoff, sleep=self._sleep)
+        """The generated text for one prompt (greedy by default). ``top_p``, ``seed`` and
+        ``stop`` are sent only when given; ``system`` needs ``api='chat'``."""
+        if system and self.api != "chat":
+            raise ZsearchError(f"{self.label} {self.url}: a system message needs the chat API")
+        body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, "temperature": temperature}
+        if top_p is not None:
+            body["top_p"] = top_p
+        if seed is not None:
+            body["seed"] = seed
+        if stop:
+            body["stop"] = list(stop)
+        if self.api == "chat":
+            body["messages"] = ([{"role": "system", "content": system}] if system else []) + [
+                {"role": "user", "content": prompt}]
+        else:
+            body["prompt"] = prompt
+        return self._retried(self.url, lambda: self._completion_once(body))
 
     def complete(
-        self, prompts: Sequence[str], max_tokens: int, temperature: float = 0.0, stop: Sequence[str] | None = None
+        self,
+        prompts: Sequence[str],
+        max_tokens: int,
+        temperature: float = 0.0,
+        *,
+        top_p: float | None = None,
+        seeds: Sequence[int] | None = None,
+        stop: Sequence[str] | None = None,
+        system: str | None = None,
     ) -> list[str]:
-        """Texts for all ``prompts``, in order, at most ``concurrency`` requests in flight.
-        The first prompt that fails after its retries raises :class:`ZsearchError`; prompts
-        no worker has picked up by then are never sent."""
+        """Texts for all ``prompts``, in order, at most ``concurrency`` requests in flight;
+        ``seeds`` gives each prompt its own. The first prompt that fails after its retries
+        raises :class:`ZsearchError`; prompts no worker has picked up by then are never sent."""
         if not prompts:
             return []
+        if seeds is not None and len(seeds) != len(prompts):
+            raise ZsearchError(f"{len(seeds)} seeds for {len(prompts)} prompts")
+        _ = self.model  # resolve the name once, before the threads start
+        per_prompt = seeds if seeds is not None else [None] * len(prompts)
         pool = ThreadPoolExecutor(max_workers=min(self.concurrency, len(prompts)), thread_name_prefix="zsearch-llm")
         try:
-            futures = [pool.submit(self.complete_one, p, max_tokens, temperature, stop) for p in prompts]
+            futures = [pool.submit(self.complete_one, p, max_tokens, temperature, top_p=top_p, seed=s, stop=stop,
+                                   system=system) for p, s in zip(prompts, per_prompt)]
             return [f.result() for f in futures]
         finally:
             pool.shutdown(wait=True, cancel_futures=True)

@@ -238,9 +238,22 @@ JUDGMENT = Artifact(
     unique="id",
 )
 
+SFT_EXAMPLE = Artifact(
+    "sft_example",
+    pa.schema([
+        # One supervised example for `zsearch sft`: the loss covers the completion only.
+        ("id", _str),               # optional; kept for tracing a row back to its source
+        ("prompt", _str),           # raw text (chat-templated by `sft --chat-template`)
+        ("completion", _str),       # the target text; EOS is appended by the trainer
+        ("metadata", _str),         # optional JSON object as text (label, source, ...)
+    ]),
+    nonempty=("completion",),
+    optional=frozenset({"id", "metadata"}),
+)
+
 ALL_ARTIFACTS: dict[str, Artifact] = {
     a.name: a for a in (CORPUS, QA, TRAJECTORY, EVAL_EXAMPLE, EVAL_SUMMARY, PREDICTIONS, ROLLOUT, METRICS, PROPOSED_QA,
-              COLLECTED_QUERY, JUDGMENT)
+              COLLECTED_QUERY, JUDGMENT, SFT_EXAMPLE)
 }
 
 

@@ -128,11 +128,14 @@ class SimulatedSearch:
         self.curriculum = NoiseCurriculum(cfg.noise_start, cfg.noise_end, cfg.noise_base, cfg.noise_schedule, cfg.seed)
         self.client = None
         self.generator = generator
+        self._chat = cfg.mode == "prompt" or SIM_CHAT_TEMPLATE
+        """Prompts wrapped in the model's chat template (HTTP: /chat/completions) or sent raw."""
         if target.startswith(("http://", "https://")):
-            from zsearch_cli.search.sim_client import OpenAICompletionsClient
+            from zsearch_cli.llm_client import LLMClient
 
-            self.client = OpenAICompletionsClient(target, cfg.model, cfg.timeout, cfg.retries, cfg.backoff,
-                                                  cfg.concurrency)
+            self.client = LLMClient(target, cfg.model, api="chat" if self._chat else "completions", label="simulator",
+                                    timeout=cfg.timeout, retries=cfg.retries, backoff=cfg.backoff,
+                                    concurrency=cfg.concurrency)
             self.name = f"sim+{self.client.base_url}:{cfg.mode}"
         else:
             if generator is None:
@@ -257,21 +260,18 @@ class SimulatedSearch:
         """Raw simulator outputs for ``prompts`` and the seeds used: ``seeds`` (one per
         request) over HTTP; in-process, one batched generate call with one call seed."""
         cfg = self.config
-        chat = cfg.mode == "prompt" or SIM_CHAT_TEMPLATE
         system = PROMPT_MODE_SYSTEM if cfg.mode == "prompt" else None
         if self.client is not None:
-            from zsearch_cli.search.sim_client import CompletionCall
-
-            calls = [CompletionCall(p, s, chat=chat, system=system) for p, s in zip(prompts, seeds)]
             try:
-                return self.client.complete_many(calls, cfg.max_tokens, cfg.temperature, cfg.top_p), seeds
+                return self.client.complete(prompts, cfg.max_tokens, cfg.temperature, top_p=cfg.top_p, seeds=seeds,
+                                            system=system), seeds
             except ZsearchError as err:
                 raise SearchBackendError(str(err)) from None
         from zsearch_cli.models.base import SamplingParams
         from zsearch_cli.models.loading import apply_chat
 
         tok = self.generator.tokenizer
-        if chat:
+        if self._chat:
             ids = [apply_chat(tok, p, system=system) for p in prompts]
         else:  # the raw Table 2 text, with the tokenizer's own special tokens (BOS where it has one)
             ids = [list(tok.encode(p)) for p in prompts]

@@ -1,0 +1,96 @@
+"""Exact resume: 6 steps straight == 3 steps, ``kill -9``, ``--resume`` for the other 3.
+
+Both runs are real ``zsearch train`` processes on the tiny model. The killed run is stopped
+with SIGKILL as soon as its step-3 checkpoint exists (it is then somewhere in step 4), so
+nothing gets a chance to flush or clean up. On CPU in fp32 the final weights must be
+**bit-identical**: every input to steps 4-6 is restored exactly — weights from safetensors,
+AdamW moments and step counts, the lr scheduler, the data cursor, and the sampling seeds,
+which derive from (seed, step, turn) and per-row generators rather than from a global RNG
+stream (the global RNG states are saved and restored too). The PPO variant adds the critic,
+its optimizer and shuffled mini-batches over 2 epochs; the LoRA variant resumes an adapter
+on a freshly loaded base.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from zsearch_cli.schemas import METRICS, read_artifact
+
+
+@pytest.fixture(scope="module")
+def demo_index(tmp_path_factory) -> Path:
+    from typer.testing import CliRunner
+
+    from zsearch_cli.cli import app
+
+    out = tmp_path_factory.mktemp("resume") / "index"
+    result = CliRunner().invoke(app, ["index", "--out", str(out), "--kind", "bm25"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def _cmd(out: Path, model: Path, index: Path, extra: list[str]) -> list[str]:
+    return [sys.executable, "-m", "zsearch_cli.cli", "train", "--model", str(model), "--index", str(index),
+            "--out", str(out), "--steps", "6", "--save-every", "3", "--batch-size", "2", "--max-turns", "2",
+            "--max-turn-tokens", "16", "--device", "cpu", "--lr", "1e-3", "--seed", "3", *extra]
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def _weights(out: Path) -> dict:
+    final = out / "final"
+    name = "adapter_model.safetensors" if (final / "adapter_config.json").exists() else "model.safetensors"
+    return load_file(str(final / name))
+
+
+@pytest.mark.parametrize("extra", [
+    ["--algo", "ppo", "--ppo-epochs", "2", "--mini-batch-size", "1", "--critic-lr", "1e-3"],
+    ["--algo", "grpo", "-G", "2", "--lora-r", "4", "--beta", "0.01"],
+], ids=["ppo-full", "grpo-lora"])
+def test_kill_and_resume_is_bit_identical(extra, tmp_path, tiny_model_dir, demo_index):
+    straight, killed = tmp_path / "straight", tmp_path / "killed"
+    done = subprocess.run(_cmd(straight, tiny_model_dir, demo_index, extra), env=_env(), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    proc = subprocess.Popen(_cmd(killed, tiny_model_dir, demo_index, extra), env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    checkpoint = killed / "checkpoints" / "step-3"
+    deadline = time.time() + 300
+    while not checkpoint.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert checkpoint.is_dir(), proc.stderr.read()[-3000:]
+    assert proc.returncode == -signal.SIGKILL and not (killed / "final").exists(), "the run ended before the kill"
+
+    resumed = subprocess.run(_cmd(killed, tiny_model_dir, demo_index, [*extra, "--resume"]), env=_env(),
+                             capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from" in resumed.stderr and "step 3/6" in resumed.stderr
+
+    a, b = _weights(straight), _weights(killed)
+    assert a.keys() == b.keys()
+    different = [k for k in a if not (a[k] == b[k]).all()]
+    assert not different, f"{len(different)} tensors differ after resume, e.g. {different[:3]}"
+
+    rows_a = read_artifact(straight / "metrics.parquet", METRICS).to_pylist()
+    rows_b = read_artifact(killed / "metrics.parquet", METRICS).to_pylist()
+    assert [r["step"] for r in rows_b] == list(range(6))
+    jsonl = [json.loads(line) for line in (killed / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in jsonl] == list(range(6))  # lines written after step-3 by the killed run are gone
+    for key in ("reward_mean", "response_length", "grad_norm", "kl", "vf_loss", "lr"):
+        assert [r[key] for r in rows_a] == [r[key] for r in rows_b], key
+    assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == ["step-3", "step-6"]

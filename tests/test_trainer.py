@@ -1,0 +1,213 @@
+"""Trainer pieces: the loss mask through the real model, config errors, presets, the lr
+schedule, and DSPO's filter loop."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from zsearch_cli.errors import ZsearchError
+from zsearch_cli.rollout.engine import QARow
+from zsearch_cli.train.config import TrainConfig, algo_config, check_config, parse_algo_args
+
+# ----------------------------------------------------------------------------- loss mask
+
+
+def _trajectory(tok: Any) -> dict[str, Any]:
+    """prompt | sampled | observation (mask 0) | sampled, as the engine builds them."""
+    enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
+    prompt = enc("Question: who wrote the novel?")
+    turn1 = enc("<think> search it </think><search> novel author </search>")
+    obs = enc("\n\n<information>Doc 1(Title: \"Jane Austen\") Jane Austen wrote it.</information>\n\n")
+    turn2 = enc("<answer> Jane Austen </answer>")
+    response = turn1 + obs + turn2
+    return {"prompt_ids": prompt, "response_ids": response,
+            "loss_mask": [1] * len(turn1) + [0] * len(obs) + [1] * len(turn2),
+            "logprobs": [0.0] * len(response)}
+
+
+@pytest.mark.parametrize("algo", ["reinforce", "grpo", "dspo", "ppo"])
+def test_masked_tokens_get_exactly_zero_gradient(algo, tiny_model_dir):
+    """Gradients reach the logits only at positions that predict a policy (mask-1) token:
+    the retrieved tokens and the padding contribute exactly nothing to any objective."""
+    from zsearch_cli.algos import ALGOS
+    from zsearch_cli.models.loading import load_model
+    from zsearch_cli.train.logprobs import collate, policy_forward
+
+    model, tok = load_model(str(tiny_model_dir), device="cpu", trainable=True)
+    short = _trajectory(tok)
+    short["response_ids"] = short["response_ids"][:-3]  # a shorter row: padding in the batch
+    short["loss_mask"] = short["loss_mask"][:-3]
+    short["logprobs"] = short["logprobs"][:-3]
+    trajs = [_trajectory(tok), short]
+    captured: list[torch.Tensor] = []
+
+    def keep(_module, _inputs, output):
+        output.retain_grad()
+        captured.append(output)
+
+    model.lm_head.register_forward_hook(keep)
+    batch = collate(trajs, tok.pad_token_id, "cpu")
+    logp, entropy = policy_forward(model, batch, temperature=1.0, entropy=True)
+    spec = ALGOS[algo]
+    cfg = spec.config_cls()
+    # Token ratios != 1 inside the 0.2 clip range; the sequence ratio's range (3e-4) needs s = 1.
+    old = logp.detach() - (0.0 if spec.sequence_level else 0.05)
+    ref = logp.detach() + 0.1
+    if spec.needs_critic:
+        adv = torch.randn(batch.mask.shape)
+    else:
+        adv = torch.tensor([1.0, -0.5])
+    loss, _ = spec.policy_loss(logp, old, adv, batch.mask, cfg, ref_logp=ref, entropy=entropy)
+    loss.backward()
+    grad = captured[0].grad  # [B, L, V]: position p predicts token p + 1
+    for i, t in enumerate(trajs):
+        p = len(t["prompt_ids"])
+        for j, m in enumerate(t["loss_mask"]):
+            g = grad[i, p - 1 + j].abs().sum().item()
+            assert (g > 0) if m else (g == 0.0), f"{algo} row {i} response token {j} (mask {m}): |grad| {g}"
+        beyond = grad[i, p - 1 + len(t["loss_mask"]):]
+        assert beyond.abs().sum().item() == 0.0  # padding and the last real position
+        assert grad[i, : p - 1].abs().sum().item() == 0.0  # positions inside the prompt
+
+
+# ----------------------------------------------------------------------------- config errors
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"algo": "nope"}, "unknown --algo 'nope': use one of reinforce, ppo, grpo"),
+    ({"algo": "grpo", "group_size": 1}, "--algo grpo needs --group-size >= 2 (a group baseline needs G >= 2)"),
+    ({"algo": "dspo", "group_size": 1}, "--algo dspo needs --group-size >= 2"),
+    ({"algo": "ppo", "critic_model": "none"}, "--algo ppo needs a critic"),
+    ({"algo": "ppo", "critic_lr": 0.0}, "--algo ppo needs a critic learning rate"),
+    ({"algo": "grpo", "critic_model": "x"}, "--critic-model is only used by ppo"),
+    ({"algo": "hrpo"}, "--algo hrpo: hrpo trains the Dr. Zero proposer"),
+    ({"reward": "bleu"}, "unknown --reward 'bleu'"),
+    ({"lr_schedule": "linear"}, "unknown --lr-schedule 'linear'"),
+    ({"algo_args": {"gamma": 0.9}}, "--algo-arg gamma: grpo has no such option"),
+    ({"algo": "dspo", "max_gen_batches": 0}, "--max-gen-batches must be >= 1"),
+    ({"report_to": "mlflow"}, "unknown --report-to 'mlflow'"),
+])
+def test_bad_configs_are_one_line_errors(overrides, message):
+    with pytest.raises(ZsearchError) as err:
+        check_config(TrainConfig(**overrides))
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_algo_config_takes_paper_defaults_and_overrides():
+    assert algo_config(TrainConfig(algo="grpo")).lr == 1e-6
+    assert algo_config(TrainConfig(algo="ppo")).group_size == 1
+    c = algo_config(TrainConfig(algo="dspo", batch_size=16, reward="subem", clip_eps=0.01, max_gen_batches=4))
+    assert (c.target_groups, c.reward, c.clip_eps_low, c.clip_eps_high, c.max_gen_batches) == (16, "subem", 0.01, 0.01, 4)
+    c = algo_config(TrainConfig(algo="reinforce", algo_args=parse_algo_args(["baseline=rloo", "clip-eps-high=0.28"])))
+    assert (c.baseline, c.clip_eps_high, c.clip_eps_low) == ("rloo", 0.28, 0.2)
+
+
+def test_presets_fill_only_what_the_user_did_not_set():
+    from zsearch_cli.presets import apply_preset
+
+    cfg = TrainConfig.from_preset("search-r1")
+    acfg = algo_config(cfg)
+    assert (cfg.algo, cfg.reward, cfg.topk, cfg.max_turns, cfg.steps) == ("ppo", "em", 3, 4, 500)
+    assert (acfg.lr, acfg.critic_lr, acfg.beta, acfg.clip_eps_low, acfg.group_size) == (1e-6, 1e-5, 0.001, 0.2, 1)
+    assert algo_config(TrainConfig.from_preset("search-r1", algo="grpo")).group_size == 5  # the GRPO option
+    z = TrainConfig.from_preset("zerosearch", lr=5e-6)
+    assert (z.algo, z.reward, z.group_size, z.topk, z.max_turns, z.steps, z.lr) == ("reinforce", "f1", 5, 5, 5, 200, 5e-6)
+    d = TrainConfig.from_preset("drzero-solver")
+    assert (d.algo, d.group_size, d.protocol, d.max_turns, d.reward) == ("grpo", 5, "tool_call", 5, "em")
+    assert TrainConfig.from_preset("dspo").reward == "subem"
+    merged = apply_preset("dspo", {"reward": "em", "topk": 5}, explicit={"topk"})
+    assert merged == {"algo": "dspo", "reward": "subem", "topk": 5, "search": "bm25", "protocol": "tags"}
+    with pytest.raises(ZsearchError, match="unknown --preset 'r1': use one of search-r1, zerosearch, dspo"):
+        TrainConfig.from_preset("r1")
+
+
+# ----------------------------------------------------------------------------- lr schedule
+
+
+def test_lr_schedule_values():
+    from zsearch_cli.train.optim import lr_factor, make_optimizer, warmup_steps
+
+    assert warmup_steps(100, 0.03) == 3
+    assert [lr_factor(s, 10, 4) for s in range(6)] == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
+    cos = [lr_factor(s, 10, 2, "cosine") for s in range(10)]
+    assert cos[:2] == [0.5, 1.0] and cos[2] == 1.0 and cos[-1] == pytest.approx(0.0, abs=1e-12)
+    assert cos[2 + 7 // 2] == pytest.approx(0.5 * (1 + math.cos(math.pi * 3 / 7)))
+    assert all(a >= b for a, b in zip(cos[2:], cos[3:]))
+    assert lr_factor(9, 10, 0, "cosine", min_ratio=0.1) == pytest.approx(0.1)
+    opt, sched = make_optimizer([torch.nn.Parameter(torch.zeros(2))], 1e-3, 0.0, 5, 0.4, "cosine", 0.0)
+    lrs = []
+    for _ in range(5):
+        lrs.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    assert lrs == pytest.approx([5e-4, 1e-3, 1e-3, 5e-4, 0.0])
+
+
+# ----------------------------------------------------------------------------- DSPO filter loop
+
+
+class FakeEngine:
+    """Answers each row with the words in ``answers[row_id]`` (one per sample) — a stand-in
+    for the rollout engine whose rewards the test controls."""
+
+    def __init__(self, answers: dict[str, list[str]]):
+        self.answers = answers
+        self.steps: list[int] = []
+
+    def rollout(self, rows, group_size=1, step=0, on_row_done=None):
+        self.steps.append(step)
+        out = []
+        for r in rows:
+            for g in range(group_size):
+                word = self.answers[r.id][g % len(self.answers[r.id])]
+                out.append({"id": f"{r.id}#{g}", "row_id": r.id, "sample_index": g, "group_id": f"{step}:{r.id}",
+                            "golden_answers": r.golden_answers, "response_text": f"<answer> {word} </answer>",
+                            "prediction": word, "policy_tokens": 7, "response_tokens": 9, "num_turns": 1,
+                            "num_searches": 0, "num_invalid": 0})
+        return out
+
+
+def _data(n: int, batch: int):
+    from zsearch_cli.train.data import TrainData
+
+    return TrainData([QARow(f"q{i}", f"question {i}?", ["yes"]) for i in range(n)], batch, seed=0)
+
+
+def _collect(engine, data, **cfg):
+    from zsearch_cli.train.collect import collect
+    from zsearch_cli.train.config import get_spec
+
+    tc = TrainConfig(algo="dspo", group_size=2, batch_size=data.batch_size, reward="subem", **cfg)
+    return collect(engine, data, get_spec("dspo"), algo_config(tc), step=3, metric="subem", protocol="tags")
+
+
+def test_dspo_filter_stops_at_max_gen_batches_and_says_so():
+    from zsearch_cli.train.metrics import step_metrics
+
+    engine = FakeEngine({f"q{i}": ["yes"] for i in range(12)})  # every group all-correct: nothing is mixed
+    got = _collect(engine, _data(12, 2), max_gen_batches=3)
+    assert got.gen_batches == 3 and engine.steps == [9, 10, 11]  # step 3 × budget 3 + batch index
+    assert got.kept_groups == 0 and got.train == [] and got.tokens_wasted == 3 * 2 * 2 * 7
+    assert "kept 0/2 mixed groups after 3/3 generation batches" in got.notes[0]
+    assert "no update this step" in got.notes[0]
+    row = step_metrics(3, got, None, {})
+    assert (row["kept_frac"], row["gen_batches"], row["reward_mean"], row["samples"]) == (0.0, 3.0, 1.0, 0.0)
+    assert len({t["group_id"] for t in got.trajs}) == 6  # unique per prompt and generation batch
+
+
+def test_dspo_filter_collects_until_b_mixed_groups():
+    answers = {f"q{i}": (["yes", "no"] if i % 2 else ["no"]) for i in range(12)}  # odd rows are mixed
+    data = _data(12, 4)
+    got = _collect(FakeEngine(answers), data, max_gen_batches=10)
+    kept = {t["group_id"] for t in got.train}
+    assert got.kept_groups == 4 == len(kept) and got.gen_batches >= 2 and not got.notes
+    assert all(t["kept"] == (t["group_id"] in kept) for t in got.trajs)
+    assert got.kept_groups / got.total_groups == pytest.approx(4 / (4 * got.gen_batches))
+    assert data.state() == {"epoch": 0, "position": 4 * got.gen_batches}
