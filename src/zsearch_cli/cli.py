@@ -356,5 +356,107 @@ def plot(
     typer.echo(f"curves written to {plot_metrics(run_dir, out)}")
 
 
+# ----------------------------------------------------------------------------- SFT / simulator SFT
+
+
+@app.command()
+@stage
+def sft(
+    ctx: typer.Context,
+    data: Path = typer.Argument(..., help="prompt/completion pairs (sft_example) or trajectories (prompt_ids, response_ids, loss_mask)."),
+    model: str = typer.Option("smollm2", help="Model to start from: HF id, local path, checkpoint dir, or smollm2."),
+    out: Path = typer.Option(Path("runs/sft"), "--out", "-o", help="Run directory (checkpoints/, final/, metrics.jsonl)."),
+    eval_data: Optional[Path] = typer.Option(None, help="Held-out file of the same kind (default: an --eval-fraction split of DATA)."),
+    eval_fraction: float = typer.Option(0.05, help="Seeded fraction of DATA held out for the eval loss (0 = none)."),
+    eval_every: int = typer.Option(100, help="Eval loss every N steps, and after the last (0 = only after the last)."),
+    chat_template: bool = typer.Option(True, "--chat-template/--no-chat-template", help="Pairs: wrap the prompt in the chat template (off: raw prompt text)."),
+    only_correct: bool = typer.Option(False, "--only-correct", help="Trajectories: keep EM-correct ones only (rejection sampling)."),
+    max_length: int = typer.Option(2048, help="Tokens per example; prompts are cut from the left, completions never."),
+    epochs: float = typer.Option(1.0, help="Passes over the training examples."),
+    max_steps: Optional[int] = typer.Option(None, help="Optimizer steps (overrides --epochs)."),
+    batch_size: int = typer.Option(8, help="Examples per forward/backward (per process)."),
+    grad_accum: int = typer.Option(1, help="Micro-batches per optimizer step."),
+    lr: float = typer.Option(1e-5, help="Peak learning rate."),
+    lr_schedule: str = typer.Option("cosine", help="constant or cosine, after the warmup."),
+    warmup_ratio: float = typer.Option(0.03, help="Fraction of steps with linear warmup."),
+    min_lr_ratio: float = typer.Option(0.0, help="Cosine floor as a fraction of the lr."),
+    weight_decay: float = typer.Option(0.0, help="AdamW weight decay."),
+    max_grad_norm: float = typer.Option(1.0, help="Gradient-norm clip (0 = off)."),
+    lora_r: int = typer.Option(0, help="LoRA rank (0 = full fine-tune)."),
+    lora_alpha: int = typer.Option(16, help="LoRA alpha."),
+    lora_targets: str = typer.Option("q_proj,k_proj,v_proj,o_proj", help="Modules that get LoRA adapters."),
+    gradient_checkpointing: bool = typer.Option(False, help="Trade compute for memory."),
+    merge_lora: bool = typer.Option(False, help="LoRA: also write OUT/final/merged (full weights, for vLLM)."),
+    seed: int = typer.Option(0, help="Seeds the eval split, example order and fresh weights."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    dtype: str = typer.Option("auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16."),
+    save_every: int = typer.Option(100, help="Checkpoint every N steps (0 = final only)."),
+    keep_checkpoints: int = typer.Option(2, help="Checkpoints to keep."),
+    resume: bool = typer.Option(False, help="Continue from the latest checkpoint in --out."),
+    config: Optional[Path] = ConfigOption,
+) -> None:
+    """Supervised fine-tuning with the loss on completion tokens only (pairs or trajectories).
+
+    Uses: Search-R1's SFT baseline (question -> target response pairs, chat template); the
+    rejection-sampling baseline (zsearch sft runs/collect/trajectories.parquet --only-correct:
+    a policy's own EM-correct trajectories, retrieved tokens masked out); a format warm-up of a
+    small policy before RL; and the ZeroSearch simulator (zsearch simsft builds its data and
+    runs this trainer).
+    """
+    from zsearch_cli.train.sft import SFTConfig, run_sft
+
+    run_sft(SFTConfig.from_dict(resolved_options(ctx)))
+
+
+@app.command()
+@stage
+def simsft(
+    ctx: typer.Context,
+    judgments: Path = typer.Argument(..., help="judgments(.balanced).parquet from `zsearch judge`."),
+    balance: bool = typer.Option(False, "--balance", help="Equal useful/noisy rows (majority downsampled, seeded)."),
+    titles: bool = typer.Option(False, "--titles/--no-titles", help="Start each document with its title (ZeroSearch's have none)."),
+    doc_words: int = typer.Option(30, help="Words per target document (Table 2: about 30; 0 = whole documents)."),
+    model: str = typer.Option("smollm2", help="Simulator to start from (paper: Qwen2.5-3B/7B/14B-Instruct)."),
+    out: Path = typer.Option(Path("runs/simsft"), "--out", "-o", help="Run directory: sim_sft.parquet, checkpoints/, final/."),
+    eval_fraction: float = typer.Option(0.05, help="Seeded fraction held out for the eval loss (0 = none)."),
+    eval_every: int = typer.Option(100, help="Eval loss every N steps, and after the last."),
+    max_length: int = typer.Option(1024, help="Tokens per example (prompt cut from the left, documents never)."),
+    epochs: float = typer.Option(1.0, help="Passes over the examples."),
+    max_steps: Optional[int] = typer.Option(None, help="Optimizer steps (overrides --epochs)."),
+    batch_size: int = typer.Option(8, help="Examples per forward/backward (per process)."),
+    grad_accum: int = typer.Option(1, help="Micro-batches per optimizer step."),
+    lr: float = typer.Option(1e-6, help="Peak learning rate (paper: 1e-6)."),
+    lr_schedule: str = typer.Option("cosine", help="constant or cosine, after the warmup."),
+    warmup_ratio: float = typer.Option(0.03, help="Fraction of steps with linear warmup."),
+    min_lr_ratio: float = typer.Option(0.0, help="Cosine floor as a fraction of the lr."),
+    weight_decay: float = typer.Option(0.0, help="AdamW weight decay."),
+    max_grad_norm: float = typer.Option(1.0, help="Gradient-norm clip (0 = off)."),
+    lora_r: int = typer.Option(0, help="LoRA rank (0 = full fine-tune)."),
+    lora_alpha: int = typer.Option(16, help="LoRA alpha."),
+    lora_targets: str = typer.Option("q_proj,k_proj,v_proj,o_proj", help="Modules that get LoRA adapters."),
+    gradient_checkpointing: bool = typer.Option(False, help="Trade compute for memory."),
+    merge_lora: bool = typer.Option(True, help="LoRA: also write OUT/final/merged for `vllm serve`."),
+    seed: int = typer.Option(0, help="Seeds --balance, the eval split and the example order."),
+    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    dtype: str = typer.Option("auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16."),
+    save_every: int = typer.Option(100, help="Checkpoint every N steps (0 = final only)."),
+    keep_checkpoints: int = typer.Option(2, help="Checkpoints to keep."),
+    resume: bool = typer.Option(False, help="Continue from the latest checkpoint in --out."),
+    config: Optional[Path] = ConfigOption,
+) -> None:
+    """Fine-tune the ZeroSearch simulator (§3.3) on judged query-document rows.
+
+    Prompt: the paper's Table 2 text with the judge's label (useful/noisy) and the row's own
+    question and first gold answer; target: its documents as "Doc i: ..." lines. Trained raw,
+    without a chat template, as `--search sim:OUT/final` sends it (or `vllm serve OUT/final`
+    and `--search sim+http://HOST:PORT/v1`).
+    """
+    from zsearch_cli.stages.simsft import simsft as run_simsft
+    from zsearch_cli.train.sft import SFTConfig
+
+    options = resolved_options(ctx)
+    run_simsft(judgments, SFTConfig.from_dict(options), options, balance=balance, titles=titles, doc_words=doc_words)
+
+
 if __name__ == "__main__":  # pragma: no cover
     app()

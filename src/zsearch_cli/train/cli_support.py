@@ -10,22 +10,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from click.core import ParameterSource
-
 from zsearch_cli.presets import apply_preset
 from zsearch_cli.train.config import TrainConfig, parse_algo_args
 
 _RENAMED = {"index_dir": "index", "algo_arg": "algo_args"}
 """CLI parameter name -> TrainConfig field, where they differ."""
 
-_EXPLICIT = (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT, ParameterSource.DEFAULT_MAP)
+_EXPLICIT = {"COMMANDLINE", "ENVIRONMENT", "DEFAULT_MAP"}
+"""click ``ParameterSource`` names that mean "the user set it" (compared by name: typer may
+bundle its own click, whose enum is a different class from ``click.core.ParameterSource``)."""
 
 
 def explicit_options(ctx: Any) -> set[str]:
     """TrainConfig field names the user set (command line, environment or --config file)."""
     names = set()
     for name in ctx.params:
-        if ctx.get_parameter_source(name) in _EXPLICIT:
+        if getattr(ctx.get_parameter_source(name), "name", None) in _EXPLICIT:
             names.add(_RENAMED.get(name, name))
     return names
 

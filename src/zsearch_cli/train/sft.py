@@ -193,6 +193,8 @@ class SFTTrainer:
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
+        # load_policy reads only model, lora_* and gradient_checkpointing, which SFTConfig shares
+        # with TrainConfig: full weights or a fresh/resumed LoRA adapter, exactly as `train` does.
         self.policy, self.tokenizer = load_policy(cfg, str(acc.device), cfg.dtype, resume_dir)  # type: ignore[arg-type]
         self.train_items, self.eval_items = self._load_data()
         self.global_batch = cfg.batch_size * cfg.grad_accum * acc.num_processes
@@ -246,7 +248,8 @@ class SFTTrainer:
             return items, eval_items
         train_idx, eval_idx = split_eval(len(items), cfg.eval_fraction, cfg.seed)
         if eval_idx:
-            self.console.print(f"holding out {len(eval_idx)} of {len(items)} examples for the eval loss", highlight=False)
+            self.console.print(f"holding out {len(eval_idx)} of {len(items)} examples for the eval loss",
+                               highlight=False)
         return [items[i] for i in train_idx], [items[i] for i in eval_idx]
 
     # ------------------------------------------------------------------ steps
