@@ -41,9 +41,10 @@ def test_masked_tokens_get_exactly_zero_gradient(algo, tiny_model_dir):
 
     model, tok = load_model(str(tiny_model_dir), device="cpu", trainable=True)
     short = _trajectory(tok)
-    short["response_ids"] = short["response_ids"][:-3]  # a shorter row: padding in the batch
+    short["response_ids"] = short["response_ids"][:-3]  # shorter response, longer prompt: padding in the batch
     short["loss_mask"] = short["loss_mask"][:-3]
     short["logprobs"] = short["logprobs"][:-3]
+    short["prompt_ids"] = tok.encode("Please answer this. ", add_special_tokens=False) + short["prompt_ids"]
     trajs = [_trajectory(tok), short]
     captured: list[torch.Tensor] = []
 
@@ -65,15 +66,16 @@ def test_masked_tokens_get_exactly_zero_gradient(algo, tiny_model_dir):
         adv = torch.tensor([1.0, -0.5])
     loss, _ = spec.policy_loss(logp, old, adv, batch.mask, cfg, ref_logp=ref, entropy=entropy)
     loss.backward()
-    grad = captured[0].grad  # [B, L, V]: position p predicts token p + 1
+    grad = captured[0].grad  # [B, L - keep_from, V]: position keep_from + q predicts token keep_from + q + 1
+    assert grad.shape[1] == batch.input_ids.shape[1] - batch.keep_from
     for i, t in enumerate(trajs):
-        p = len(t["prompt_ids"])
+        p = len(t["prompt_ids"]) - batch.keep_from
         for j, m in enumerate(t["loss_mask"]):
             g = grad[i, p - 1 + j].abs().sum().item()
             assert (g > 0) if m else (g == 0.0), f"{algo} row {i} response token {j} (mask {m}): |grad| {g}"
         beyond = grad[i, p - 1 + len(t["loss_mask"]):]
         assert beyond.abs().sum().item() == 0.0  # padding and the last real position
-        assert grad[i, : p - 1].abs().sum().item() == 0.0  # positions inside the prompt
+        assert grad[i, : max(p - 1, 0)].abs().sum().item() == 0.0  # positions inside the prompt
 
 
 # ----------------------------------------------------------------------------- config errors

@@ -8,6 +8,7 @@ FORMULAS.md §6, looked up as files under ``--data-dir`` in FlashRAG's layout
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +91,9 @@ def find_dataset_file(name: str, split: str, data_dir: Path, download: bool = Fa
 
 def _download(name: str, split: str, data_dir: Path, where: str) -> Path:
     """Fetch ``{name}/{split}.jsonl`` from the FlashRAG hub dataset (needs network access)."""
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        raise ZsearchError(f"dataset '{name}' ({split} split) could not be downloaded from {HUB_REPO} "
+                           f"(HF_HUB_OFFLINE is set); without network access, {where}")
     try:
         from huggingface_hub import hf_hub_download
 

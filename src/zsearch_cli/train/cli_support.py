@@ -32,6 +32,9 @@ def explicit_options(ctx: Any) -> set[str]:
 
 def config_from_cli(ctx: Any, options: dict[str, Any]) -> TrainConfig:
     """Resolved CLI options -> TrainConfig, with ``--preset`` filling the unset ones."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the CLI shows its own progress; no per-load tqdm bars
     values = {_RENAMED.get(k, k): v for k, v in options.items()}
     values["algo_args"] = parse_algo_args(values.get("algo_args"))
     values = apply_preset(values.get("preset"), values, explicit_options(ctx))

@@ -24,6 +24,8 @@ class Batch:
     resp_pos: Tensor  # [B, T] long: the logit position that predicts response token t
     targets: Tensor  # [B, T] long: the response token ids (pad where t >= R_i)
     mask: Tensor  # [B, T] bool: loss mask I_t (False on observations and padding)
+    keep_from: int = 0
+    """First position whose logits are needed (min_i P_i − 1): the LM head skips the prompts."""
 
     @property
     def size(self) -> int:
@@ -56,14 +58,21 @@ def collate(trajs: Sequence[dict[str, Any]], pad_id: int, device: torch.device |
         resp_pos[i, :r] = torch.arange(p - 1, p - 1 + r)
         targets[i, :r] = torch.as_tensor(t["response_ids"], dtype=torch.long)
         mask[i, :r] = torch.as_tensor(t["loss_mask"], dtype=torch.bool)
-    return Batch(input_ids.to(device), attention.to(device), resp_pos.to(device), targets.to(device), mask.to(device))
+    keep_from = max(0, min(len(t["prompt_ids"]) for t in trajs) - 1)
+    return Batch(input_ids.to(device), attention.to(device), resp_pos.to(device), targets.to(device), mask.to(device),
+                 keep_from)
 
 
 def response_logits(model: Any, batch: Batch) -> Tensor:
-    """The logits that predict each response token: [B, T, V] (model dtype)."""
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False).logits  # [B, L, V]
+    """The logits that predict each response token: [B, T, V] (model dtype).
+
+    The LM head runs only from ``keep_from`` on (``logits_to_keep``): prompt positions need no
+    logits, and on a 49k-vocabulary model they are most of the head's time and memory."""
+    width = batch.input_ids.shape[1]
+    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
+                   logits_to_keep=width - batch.keep_from).logits  # [B, L - keep_from, V]
     rows = torch.arange(batch.size, device=logits.device)[:, None]  # [B, 1]
-    return logits[rows, batch.resp_pos]  # [B, T, V]
+    return logits[rows, (batch.resp_pos - batch.keep_from).clamp_min(0)]  # [B, T, V]; padding is masked
 
 
 def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:

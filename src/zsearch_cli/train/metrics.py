@@ -30,9 +30,8 @@ def step_metrics(step: int, collected: Any, update: dict[str, float] | None, ext
     rewards = [t["reward"] for t in trajs]
     mean = _mean(rewards) or 0.0
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) if rewards else None
-    row: dict[str, Any] = {c: None for c in METRIC_COLUMNS}
+    row: dict[str, Any] = {"step": step, **{c: None for c in METRIC_COLUMNS}}
     row.update(
-        step=step,
         reward_mean=mean,
         reward_std=std,
         em=_mean([t["em"] for t in trajs]),

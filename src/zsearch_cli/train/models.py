@@ -40,6 +40,20 @@ def base_reference(name: str) -> str:
     return str(Path(resolve_model_path(name)).resolve())
 
 
+def disable_dropout(model: nn.Module) -> None:
+    """Dropout off everywhere (as TRL's RL trainers do): the ratio π_θ/π_old and the KL compare
+    two forwards of the same weights, which random dropout masks would make differ."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "attention_dropout", None), float):  # attention layers copy the config value
+            module.attention_dropout = 0.0
+    config = getattr(model, "config", None)
+    for key in ("attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
+        if config is not None and isinstance(getattr(config, key, None), float):
+            setattr(config, key, 0.0)
+
+
 def load_policy(cfg: TrainConfig, device: str, dtype: str, resume_dir: Path | None = None) -> tuple[Any, Any]:
     """(policy, tokenizer), in train mode. From ``resume_dir`` when resuming: a full model
     folder, or (LoRA) the base from ``cfg.model`` plus the saved adapter."""
@@ -60,6 +74,7 @@ def load_policy(cfg: TrainConfig, device: str, dtype: str, resume_dir: Path | No
     if cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False  # training forwards never need the cache; rollout passes use_cache=True
+    disable_dropout(model)
     model.train()
     return model, tokenizer
 
@@ -124,6 +139,7 @@ def load_critic(cfg: TrainConfig, device: str, dtype: str) -> Critic:
         backbone = get_peft_model(backbone, _lora_config(cfg, "FEATURE_EXTRACTION"))
     if cfg.gradient_checkpointing:
         backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    disable_dropout(backbone)
     critic = Critic(backbone, backbone.config.hidden_size).to(dev)
     critic.value_head.to(torch.float32)
     critic.train()

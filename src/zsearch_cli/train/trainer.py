@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import random
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +90,7 @@ class Trainer:
             state = load_training_state(self, resume_dir)
             self.start_step = int(state["step"])
             self.metrics.restore(state["metrics"])
-            self.console.print(f"resuming from {resume_dir} (step {self.start_step}/{cfg.steps})")
+            self.console.print(f"resuming from {resume_dir} (step {self.start_step}/{cfg.steps})", soft_wrap=True)
         else:
             self.metrics.start_fresh()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -114,6 +115,10 @@ class Trainer:
                 acc.init_trackers("zsearch", config=flat)
         except (ImportError, ValueError, RuntimeError) as err:
             raise ZsearchError(f"--report-to {self.cfg.report_to}: {err}") from None
+        if self.cfg.report_to != "none" and acc.is_main_process and not acc.trackers:
+            # accelerate drops a tracker whose package is missing with only a warning
+            raise ZsearchError(f"--report-to {self.cfg.report_to}: the {self.cfg.report_to} package is not "
+                               f"installed (pip install {self.cfg.report_to})")
         return acc
 
     def _resume_point(self) -> Path | None:
@@ -169,7 +174,7 @@ class Trainer:
                             protocol=cfg.protocol, format_bonus=cfg.format_bonus, reward_fn=self.reward_fn,
                             shard=(acc.process_index, acc.num_processes))
         for note in collected.notes:
-            self.console.print(f"[yellow]{note}[/]")
+            self.console.print(f"[yellow]{note}[/]", soft_wrap=True)
         t1 = time.perf_counter()
         update: dict[str, float] | None = None
         mismatch = None
@@ -186,9 +191,11 @@ class Trainer:
                 self._sync_vllm()
         lr = self.scheduler.get_last_lr()[0]  # the lr this step's updates used
         critic_lr = self.critic_scheduler.get_last_lr()[0] if self.critic_scheduler is not None else None
-        self.scheduler.step()
-        if self.critic_scheduler is not None:
-            self.critic_scheduler.step()
+        with warnings.catch_warnings():  # a DSPO step with nothing kept steps the lr without an update
+            warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+            self.scheduler.step()
+            if self.critic_scheduler is not None:
+                self.critic_scheduler.step()
         now = time.perf_counter()
         noise_p = getattr(self.search, "noise_p", None)
         noise_p = noise_p() if callable(noise_p) else noise_p
@@ -260,13 +267,13 @@ class Trainer:
                 row = self.train_step(step)
                 bar.update(task, advance=1, reward=f"{row['reward_mean']:.3f}", sps=f"{row['time_step']:.1f}")
                 if show:
-                    bar.console.print(self._line(row), highlight=False)
+                    bar.console.print(self._line(row), highlight=False, soft_wrap=True)
                 if cfg.save_every and (step + 1) % cfg.save_every == 0:
                     self.checkpoint(step + 1)
         final = self.save_final()
         if show:
             self.metrics.write_parquet()
-            self.console.print(f"final model written to {final} (zsearch eval --model {final})")
+            self.console.print(f"final model written to {final} (zsearch eval --model {final})", soft_wrap=True)
         self.accelerator.end_training()
         return final
 
