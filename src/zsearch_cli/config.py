@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 
 from zsearch_cli.errors import ZsearchError
 
@@ -81,7 +82,7 @@ def stage(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except ZsearchError as err:
-            err_console.print(f"[bold red]error:[/] {err}", highlight=False, soft_wrap=True)
+            err_console.print(f"[bold red]error:[/] {escape(str(err))}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
             err_console.print("[yellow]interrupted[/]")
