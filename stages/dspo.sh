@@ -16,6 +16,8 @@ ALGO=${ALGO:-dspo}                  # dspo, or the ablations dspo-nofilter / dsp
 MAX_GEN_BATCHES=${MAX_GEN_BATCHES:-3}  # generation batches per step to find BATCH mixed groups
 STEPS=${STEPS:-4}
 BATCH=${BATCH:-4}
+GROUP=${GROUP:-5}                   # G responses per question
+MAX_TURNS=${MAX_TURNS:-4}
 TURN_TOKENS=${TURN_TOKENS:-64}
 LORA_R=${LORA_R:-16}
 LR=${LR:-}                          # empty = the algorithm's 1e-6
@@ -32,11 +34,12 @@ fi
 echo "== 2. train $MODEL with --preset dspo --algo $ALGO for $STEPS steps"
 ZSEARCH=$(command -v zsearch)
 $LAUNCH "$ZSEARCH" train --preset dspo --algo "$ALGO" --max-gen-batches "$MAX_GEN_BATCHES" --model "$MODEL" --index "$INDEX" --out "$OUT/train" \
-  --steps "$STEPS" --batch-size "$BATCH" --max-turn-tokens "$TURN_TOKENS" --lora-r "$LORA_R" --device "$DEVICE" \
+  --steps "$STEPS" --batch-size "$BATCH" --group-size "$GROUP" --max-turns "$MAX_TURNS" \
+  --max-turn-tokens "$TURN_TOKENS" --lora-r "$LORA_R" --device "$DEVICE" \
   ${TRAIN_DATA:+--train-data "$TRAIN_DATA"} ${LR:+--lr "$LR"} --save-every "$STEPS" --resume
 
 echo "== 3. evaluate the trained model ($DATASETS)"
 zsearch eval --model "$OUT/train/final" --index "$INDEX" --datasets "$DATASETS" --limit "$EVAL_LIMIT" \
-  --max-turn-tokens "$TURN_TOKENS" --device "$DEVICE" --out "$OUT/eval"
+  --max-turns "$MAX_TURNS" --max-turn-tokens "$TURN_TOKENS" --device "$DEVICE" --out "$OUT/eval"
 zsearch plot "$OUT/train"
 echo "== done: model $OUT/train/final, metrics $OUT/train/metrics.parquet, eval $OUT/eval"

@@ -38,4 +38,7 @@ for METHOD in rag agent; do
   zsearch eval --model "$MODEL" --method "$METHOD" --search "http://127.0.0.1:$PORT" \
     --datasets demo --limit "$EVAL_LIMIT" --max-turn-tokens "$TURN_TOKENS" --out "$OUT/eval"
 done
-echo "== done: results in $OUT/eval (per-example Parquet, summaries, em.png)"
+echo "== 5. a short DSPO run: $MODEL with LoRA against the BM25 index, then an eval of the checkpoint"
+OUT="$OUT/dspo" INDEX="$INDEX" MODEL="$MODEL" STEPS=${DSPO_STEPS:-2} BATCH=2 GROUP=4 MAX_TURNS=2 \
+  MAX_GEN_BATCHES=1 TURN_TOKENS=48 LORA_R=8 EVAL_LIMIT=8 bash "$(dirname "$0")/dspo.sh"
+echo "== done: eval results in $OUT/eval (per-example Parquet, summaries, em.png); DSPO run in $OUT/dspo"
