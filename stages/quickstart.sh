@@ -8,8 +8,8 @@ OUT=${OUT:-runs/demo}
 INDEX=${INDEX:-$OUT/index}
 PORT=${PORT:-8765}
 MODEL=${MODEL:-smollm2}
-EVAL_LIMIT=${EVAL_LIMIT:-24}
-TURN_TOKENS=${TURN_TOKENS:-160}
+EVAL_LIMIT=${EVAL_LIMIT:-16}
+TURN_TOKENS=${TURN_TOKENS:-128}
 
 echo "== 1. index the bundled corpus (BM25 + dense MiniLM)"
 zsearch index --out "$INDEX" --kind bm25,dense
@@ -39,6 +39,6 @@ for METHOD in rag agent; do
     --datasets demo --limit "$EVAL_LIMIT" --max-turn-tokens "$TURN_TOKENS" --out "$OUT/eval"
 done
 echo "== 5. a short DSPO run: $MODEL with LoRA against the BM25 index, then an eval of the checkpoint"
-OUT="$OUT/dspo" INDEX="$INDEX" MODEL="$MODEL" STEPS=${DSPO_STEPS:-2} BATCH=2 GROUP=4 MAX_TURNS=2 \
-  MAX_GEN_BATCHES=1 TURN_TOKENS=48 LORA_R=8 EVAL_LIMIT=8 bash "$(dirname "$0")/dspo.sh"
+OUT="$OUT/dspo" INDEX="$INDEX" MODEL="$MODEL" STEPS=${DSPO_STEPS:-2} BATCH=2 GROUP=2 MAX_TURNS=1 \
+  MAX_GEN_BATCHES=1 TURN_TOKENS=32 LORA_R=8 EVAL_LIMIT=4 bash "$(dirname "$0")/dspo.sh"
 echo "== done: eval results in $OUT/eval (per-example Parquet, summaries, em.png); DSPO run in $OUT/dspo"

@@ -10,7 +10,7 @@ from typing import Optional
 
 import typer
 
-from zsearch_cli import __version__
+from zsearch_cli import __version__, cli_drzero
 from zsearch_cli.config import ConfigOption, resolved_options, stage
 
 app = typer.Typer(
@@ -165,47 +165,10 @@ def eval_(
 
 # ----------------------------------------------------------------------------- Dr. Zero
 
-
-@app.command()
-@stage
-def propose(
-    ctx: typer.Context,
-    generate_only: bool = typer.Option(False, "--generate-only", help="Write a QA set from the proposer without training."),
-    out: Path = typer.Option(Path("runs/propose/questions.parquet"), "--out", "-o", help="Output Parquet (PROPOSED_QA)."),
-    model: str = typer.Option("smollm2", help="Proposer model: HF id, path, checkpoint or smollm2."),
-    solver_model: Optional[str] = typer.Option(None, help="Solver that measures difficulty [same as --model]."),
-    index_dir: Path = typer.Option(Path("runs/index"), "--index", help="Index: seed passages and in-process search."),
-    search: str = typer.Option("bm25", help="bm25, dense, hybrid, http://host:port or serpapi."),
-    num_questions: int = typer.Option(64, help="Proposer prompts (one seed passage each)."),
-    samples: int = typer.Option(4, help="Proposer samples per prompt; the best by format score is kept."),
-    solver_samples: int = typer.Option(5, help="Solver answers per question (n of the difficulty reward)."),
-    hop_ratio: str = typer.Option("4:3:2:1", help="Ratio of 1:2:3:4-hop questions."),
-    seed: int = typer.Option(0, help="Seeds passages, hop draws and sampling."),
-    topk: int = typer.Option(3, help="Passages per search."),
-    max_turns: int = typer.Option(5, help="Turns before the final no-search turn."),
-    max_turn_tokens: int = typer.Option(512, help="New tokens per turn."),
-    max_obs_tokens: int = typer.Option(512, help="Tokens per tool response."),
-    max_context_tokens: int = typer.Option(4096, help="Prompt + response budget."),
-    temperature: float = typer.Option(1.0, help="Sampling temperature for proposer and solver."),
-    batch_size: int = typer.Option(16, help="Proposer prompts per batch."),
-    backend: str = typer.Option("auto", help="hf, vllm or auto."),
-    device: str = typer.Option("auto", help="auto, cpu or cuda."),
-    config: Optional[Path] = ConfigOption,
-) -> None:
-    """Dr. Zero proposer: n-hop questions from corpus passages, rewarded by solver difficulty."""
-    from zsearch_cli.errors import ZsearchError
-    from zsearch_cli.stages.propose import GenerateOptions, generate_questions
-
-    if not generate_only:
-        raise ZsearchError("proposer training (HRPO) is not available yet; use --generate-only")
-    opts = GenerateOptions(
-        model=model, solver_model=solver_model, index=str(index_dir), search=search, num_questions=num_questions,
-        samples=samples, solver_samples=solver_samples, hop_ratio=hop_ratio, seed=seed, topk=topk,
-        max_turns=max_turns, max_turn_tokens=max_turn_tokens, max_obs_tokens=max_obs_tokens,
-        max_context_tokens=max_context_tokens, temperature=temperature, batch_size=batch_size,
-        backend=backend, device=device,
-    )
-    generate_questions(opts, out, resolved_options(ctx))
+# propose (HRPO training / --generate-only), solve and drzero live in cli_drzero.py (length only).
+app.command()(cli_drzero.propose)
+app.command()(cli_drzero.solve)
+app.command()(cli_drzero.drzero)
 
 
 # ----------------------------------------------------------------------------- ZeroSearch data: collect / judge
@@ -317,8 +280,18 @@ def train(
     gradient_checkpointing: bool = typer.Option(False, help="Trade compute for memory in the update."),
     reward: str = typer.Option("em", help="em, f1 or subem."),
     format_bonus: float = typer.Option(0.0, help="Added when the response is well formed (0 = papers)."),
-    search: str = typer.Option("bm25", help="bm25, dense, hybrid, http://host:port, serpapi."),
+    search: str = typer.Option("bm25", help="bm25, dense, hybrid, http://host:port, serpapi, or the ZeroSearch "
+                               "simulator: sim:MODEL[?opt=v&..] or sim+http://host:port/v1."),
     index_dir: Optional[Path] = typer.Option(None, "--index", help="Index directory for in-process search [runs/index]."),
+    noise_start: Optional[float] = typer.Option(None, help="sim search: curriculum noise p_s [0]."),
+    noise_end: Optional[float] = typer.Option(None, help="sim search: curriculum noise p_e [0.25; paper 7B: 0.75]."),
+    noise_base: Optional[float] = typer.Option(None, help="sim search: curriculum base b [4]."),
+    noise_schedule: Optional[str] = typer.Option(None, help="sim search: curriculum (eq. 1) or fixed (p = --noise-start) [curriculum]."),
+    val_data: Optional[str] = typer.Option(None, help="QA file to validate on during training (greedy, real search)."),
+    val_every: int = typer.Option(50, help="Validate every N steps and after the last (0 = after the last only)."),
+    val_limit: Optional[int] = typer.Option(None, help="Validate on the first N questions only [all]."),
+    val_search: Optional[str] = typer.Option(None, help="Validation search backend [bm25 over --index]."),
+    val_allow_sim: bool = typer.Option(False, "--val-allow-sim", help="Allow a sim: --val-search (validation measures real search by default)."),
     protocol: str = typer.Option("tags", help="tags (Search-R1) or tool_call (Dr. Zero)."),
     topk: int = typer.Option(3, help="Passages per search."),
     max_turns: int = typer.Option(4, help="Search turns before the final turn."),

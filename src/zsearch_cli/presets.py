@@ -20,12 +20,14 @@ PRESETS: dict[str, dict[str, Any]] = {
         "reward": "em", "topk": 3, "max_turns": 4, "steps": 500, "protocol": "tags",
         "max_turn_tokens": 500, "max_obs_tokens": 500,
     },
-    # ZeroSearch (Sun et al. 2025): REINFORCE, F1 reward, G = 5, top-5 documents. Its search is
-    # the simulator (`--search sim:...`), which the caller chooses; the preset leaves --search.
+    # ZeroSearch (Sun et al. 2025): REINFORCE, F1 reward, G = 5, top-5 documents, 5 turns,
+    # 200 steps, noise 0 -> 0.25 with base 4 (the Qwen-2.5-3B setting). Its search is the
+    # simulator (`--search sim:...`), which the caller chooses; the preset leaves --search.
     "zerosearch": {
         "algo": "reinforce", "lr": 1e-6, "critic_lr": 1e-5, "beta": 0.001, "clip_eps": 0.2,
         "reward": "f1", "group_size": 5, "topk": 5, "max_turns": 5, "steps": 200, "protocol": "tags",
-        "max_turn_tokens": 500,
+        "max_turn_tokens": 500, "noise_start": 0.0, "noise_end": 0.25, "noise_base": 4.0,
+        "noise_schedule": "curriculum",
     },
     # DSPO: the GSPO sequence loss + dynamic filtering, binary subEM, top-3 BM25 passages.
     # Sequence clip ranges, lr and G are the algorithm's defaults (the paper states none).
@@ -37,6 +39,14 @@ PRESETS: dict[str, dict[str, Any]] = {
         "algo": "grpo", "group_size": 5, "lr": 1e-6, "reward": "em", "protocol": "tool_call",
         "max_turns": 5, "topk": 3, "steps": 50, "warmup_ratio": 0.03, "max_context_tokens": 3072,
         "max_obs_tokens": 512,
+    },
+    # Dr. Zero's proposer phase (Table 5): HRPO (1 question per prompt, no clipping, β = 0),
+    # lr 1e-6, warmup 0.03, 5 turns, 4096 tokens. Its reward needs the frozen solver, so only
+    # `zsearch propose` (and the `drzero` loop) can run it; `zsearch train` refuses hrpo.
+    "drzero-proposer": {
+        "algo": "hrpo", "group_size": 1, "lr": 1e-6, "beta": 0.0, "protocol": "tool_call", "max_turns": 5,
+        "topk": 3, "steps": 50, "warmup_ratio": 0.03, "max_context_tokens": 4096, "max_obs_tokens": 512,
+        "max_turn_tokens": 512,
     },
 }  # fmt: skip
 
@@ -50,11 +60,30 @@ def preset_values(name: str | None) -> dict[str, Any]:
     return dict(PRESETS[name])
 
 
+SIM_ONLY = ("noise_start", "noise_end", "noise_base", "noise_schedule")
+"""Preset keys that configure the simulated search only. They are left out when ``--search``
+is a real engine (``--preset zerosearch --search bm25`` is the paper's real-search
+comparison, not an error) and when the ``--search sim:…?k=v`` spec sets that option itself."""
+
+
 def apply_preset(name: str | None, options: dict[str, Any], explicit: set[str]) -> dict[str, Any]:
     """``options`` with the preset's values filled in wherever the option is not in
     ``explicit`` (the names the user set on the command line or in a config file)."""
     merged = dict(options)
-    for key, value in preset_values(name).items():
+    values = preset_values(name)
+    for key, value in values.items():
         if key not in explicit:
             merged[key] = value
+    spec_keys = _sim_spec_keys(merged.get("search") or "bm25")
+    for key in SIM_ONLY:
+        if key in values and key not in explicit and (spec_keys is None or key in spec_keys):
+            merged[key] = None
     return merged
+
+
+def _sim_spec_keys(search: str) -> set[str] | None:
+    """The option names a simulator spec sets (None when ``search`` is not the simulator)."""
+    from zsearch_cli.search.factory import is_simulated
+    from zsearch_cli.search.simulated import spec_option_names
+
+    return spec_option_names(search.strip()) if is_simulated(search) else None

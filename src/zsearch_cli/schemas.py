@@ -166,6 +166,12 @@ METRIC_COLUMNS: tuple[str, ...] = (
     "grad_norm", "vf_loss", "vf_clipfrac", "critic_grad_norm", "lr", "critic_lr", "samples",
     "kept_groups", "kept_frac", "gen_batches", "tokens_wasted", "noise_p", "logp_mismatch",
     "time_rollout", "time_reward", "time_update", "time_step",
+    # Dr. Zero proposer runs (HRPO): mean difficulty I(0<k<n)(n-k)/(n-1) and format reward over
+    # the step's proposals, mean solver k over the questions that pass the gate, how many pass,
+    # and how many proposals of each hop count the step drew.
+    "difficulty", "format_reward", "solver_k", "gate_pass", "hops_1", "hops_2", "hops_3", "hops_4",
+    # --val-data: greedy validation of the policy after this step, on a real search engine.
+    "val_em", "val_f1", "val_subem", "time_val",
 )  # fmt: skip
 """Per-step training metrics, all float64 (null when a metric does not apply to the run)."""
 

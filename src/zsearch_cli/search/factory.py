@@ -9,13 +9,19 @@ from zsearch_cli.errors import ZsearchError
 INDEX_METHODS = ("bm25", "dense", "hybrid", "auto", "index")
 
 
+def is_simulated(spec: str) -> bool:
+    """True for the ZeroSearch simulator's specs (``sim:…``, ``sim+http://…``): the backends
+    whose documents an LLM writes, which the noise curriculum and validation care about."""
+    return spec.strip().startswith(("sim:", "sim+"))
+
+
 def make_search_backend(spec: str, index_dir: str | Path | None = None, **kwargs):
     """``bm25|dense|hybrid|auto`` (in-process index at ``index_dir``), ``http://host:port``,
     ``serpapi``, or the ZeroSearch simulator: ``sim:MODEL_OR_PATH`` (in-process) or
     ``sim+http://host:port/v1`` (an OpenAI-compatible server), either optionally followed by
     ``?option=value&…`` (see :class:`zsearch_cli.search.simulated.SimConfig`)."""
     spec = spec.strip()
-    if spec.startswith(("sim:", "sim+")):
+    if is_simulated(spec):
         from zsearch_cli.search.simulated import make_simulated_search
 
         return make_simulated_search(spec, **kwargs)

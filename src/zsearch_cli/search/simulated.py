@@ -92,7 +92,7 @@ class SimConfig:
         known = {f.name: f for f in fields(cls)}
         values: dict[str, Any] = {}
         for raw_name, value in options.items():
-            name = raw_name.replace("-", "_").removeprefix("sim_")
+            name = _option_name(raw_name)
             if name not in known:
                 raise ZsearchError(f"unknown simulator option {raw_name!r}: use {', '.join(known)}")
             values[name] = _coerce(name, known[name].default, value)
@@ -323,6 +323,16 @@ def parse_sim_spec(spec: str) -> tuple[str, dict[str, str]]:
     if not target:
         raise ZsearchError(f"--search {spec!r}: name the simulator model, e.g. sim:smollm2")
     return target, options
+
+
+def spec_option_names(spec: str) -> set[str]:
+    """The :class:`SimConfig` fields a ``sim:…?k=v`` spec sets (dashes and ``sim_`` prefixes
+    normalised as ``from_options`` reads them)."""
+    return {_option_name(k) for k in parse_sim_spec(spec)[1]}
+
+
+def _option_name(raw: str) -> str:
+    return raw.replace("-", "_").removeprefix("sim_")
 
 
 def make_simulated_search(spec: str, generator: Any = None, **options: Any) -> SimulatedSearch:

@@ -135,6 +135,19 @@ def summarize(examples: pa.Table, dataset: str, method: str, model: str) -> dict
     }
 
 
+def evaluate_engine(engine: Any, rows: Sequence[Any], dataset: str, model: str, batch_size: int,
+                    method: str = "agent") -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """Score ``rows`` (QARows) with a ready engine, one sample each, as ``zsearch eval`` does:
+    the EVAL_EXAMPLE rows and their EVAL_SUMMARY row (None without rows). For a model that is
+    already in memory: validation during ``zsearch train`` runs the policy being trained."""
+    examples: list[dict[str, Any]] = []
+    for start in range(0, len(rows), batch_size):
+        examples += _example_rows(dataset, method, engine.rollout(rows[start : start + batch_size], group_size=1))
+    if not examples:
+        return examples, None
+    return examples, summarize(rows_to_table(examples, EVAL_EXAMPLE, Path(dataset)), dataset, method, model)
+
+
 def _build_engine(opts: EvalOptions):
     from zsearch_cli.models.loading import load_backend
     from zsearch_cli.rollout.engine import RolloutConfig, RolloutEngine

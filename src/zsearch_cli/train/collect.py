@@ -24,6 +24,13 @@ RewardFn = Callable[[dict[str, Any]], float]
 """Optional override of the training reward, one trajectory at a time (e.g. a stage with its
 own reward); the default is the run's ``--reward`` metric plus ``--format-bonus``."""
 
+BatchRewardFn = Callable[[list[dict[str, Any]]], "dict[str, float] | None"]
+"""Optional reward over a whole generation batch, called once per batch after the
+per-trajectory scoring: it sets ``t["reward"]`` (and any extra columns, e.g. HRPO's
+``t["hops"]``) on every trajectory and may return per-batch metrics for the step's log.
+Why a batch: Dr. Zero's proposer reward runs the solver n times on every proposed question,
+and those solver rollouts should be one batched generation, not one per trajectory."""
+
 
 @dataclass
 class Collected:
@@ -39,6 +46,8 @@ class Collected:
     time_reward: float = 0.0
     notes: list[str] = field(default_factory=list)
     """Human-readable remarks for the log (e.g. the filter ran out of budget)."""
+    reward_metrics: dict[str, float] = field(default_factory=dict)
+    """What a batch reward returned, averaged over generation batches (weighted by size)."""
 
     @property
     def train(self) -> list[dict[str, Any]]:
@@ -68,6 +77,7 @@ def collect(
     format_bonus: float = 0.0,
     reward_fn: RewardFn | None = None,
     shard: tuple[int, int] = (0, 1),
+    batch_reward_fn: BatchRewardFn | None = None,
 ) -> Collected:
     """Generate, score and (DSPO) filter the step's batch. ``shard`` = (rank, world): each
     process rolls out its slice of every batch; the filter target is split the same way."""
@@ -79,6 +89,7 @@ def collect(
     target = -(-data.batch_size // world)  # groups this process must keep
     out = Collected(trajs=[])
     kept_groups: list[str] = []
+    weights: dict[str, float] = {}  # batch-reward metrics: trajectories behind each sum
     gen = 0
     while True:
         rows = data.next_batch()[rank::world]
@@ -89,6 +100,8 @@ def collect(
         for t in trajs:
             t.update(step=step, gen_batch=gen, group_id=f"{step}/{gen}:{t['row_id']}", kept=True)
         score(trajs, metric, protocol, format_bonus, reward_fn)
+        if batch_reward_fn is not None:
+            _merge_metrics(out.reward_metrics, weights, batch_reward_fn(trajs), len(trajs))
         out.time_rollout += t1 - t0
         out.time_reward += time.perf_counter() - t1
         out.trajs += trajs
@@ -105,6 +118,7 @@ def collect(
         if not need_more(len(kept_groups), target, gen, budget):
             break
     out.gen_batches = gen
+    out.reward_metrics = {k: v / weights[k] for k, v in out.reward_metrics.items()}
     if spec.filter_groups:
         kept = [t for t in out.trajs if t["kept"]]
         if len(kept_groups) > target:  # an over-full last batch: train on exactly B groups
@@ -120,3 +134,13 @@ def collect(
                 + (" — nothing, so no update this step" if not kept_groups else "")
             )
     return out
+
+
+def _merge_metrics(sums: dict[str, float], weights: dict[str, float], metrics: dict[str, float] | None,
+                   weight: int) -> None:
+    """Accumulate a batch reward's metrics as size-weighted sums (divided at the end); a
+    None value (nothing to measure in that batch) carries no weight."""
+    for key, value in (metrics or {}).items():
+        if value is not None and weight > 0:
+            sums[key] = sums.get(key, 0.0) + float(value) * weight
+            weights[key] = weights.get(key, 0.0) + weight

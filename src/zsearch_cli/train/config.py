@@ -14,12 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.presets import preset_values
+from zsearch_cli.presets import apply_preset
 
 REWARDS = ("em", "f1", "subem")
 SCHEDULES = ("constant", "cosine")
 REPORT_TO = ("none", "tensorboard", "wandb")
-TRAIN_ALGOS_EXCLUDED = {"hrpo": "hrpo trains the Dr. Zero proposer, whose reward needs the solver: use the drzero stage"}
+TRAIN_ALGOS_EXCLUDED = {"hrpo": "hrpo trains the Dr. Zero proposer, whose reward needs the frozen solver: "
+                               "use `zsearch propose` (or the `zsearch drzero` loop)"}
+"""Algorithms whose reward a plain ``zsearch train`` cannot compute; only a stage that supplies
+it (``Trainer(batch_reward_fn=...)``, i.e. ``staged=True`` below) may run them."""
 
 
 @dataclass
@@ -129,6 +132,30 @@ class TrainConfig:
     dtype: str = "auto"
     """auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16."""
 
+    # ---- ZeroSearch's simulated search (only with --search sim:MODEL / sim+http://…; FORMULAS §3)
+    noise_start: float | None = None
+    """p_s of the noise curriculum; None = the spec's ``noise_start=`` or the simulator's 0."""
+    noise_end: float | None = None
+    """p_e; None = the spec's or 0.25 (the paper's Qwen-2.5-3B setting; 7B: 0.75)."""
+    noise_base: float | None = None
+    """b of eq. 1; None = the spec's or 4 (the paper's)."""
+    noise_schedule: str | None = None
+    """curriculum (eq. 1) or fixed (p = noise_start at every step; the paper's random
+    ablation is fixed at 0.5); None = curriculum."""
+
+    # ---- validation during training: greedy, on a real search engine
+    val_data: str | None = None
+    """QA file to validate on (FlashRAG jsonl / Parquet); None = no validation. Validation
+    measures what the policy does with real retrieval, which the simulator's reward hides."""
+    val_every: int = 50
+    """Validate after every N steps, and after the last (0 = only after the last)."""
+    val_limit: int | None = None
+    """Only the first N validation questions (each costs one greedy rollout); None = all."""
+    val_search: str | None = None
+    """Validation backend spec; None = bm25 over --index (reused when training searches it too)."""
+    val_allow_sim: bool = False
+    """Allow a sim: --val-search: validating against the simulator must be asked for."""
+
     # ---- bookkeeping
     save_every: int = 50
     """Checkpoint every N steps (0 = only the final model)."""
@@ -146,7 +173,7 @@ class TrainConfig:
     @classmethod
     def from_preset(cls, name: str | None, **overrides: Any) -> "TrainConfig":
         """Library form of ``--preset``: the preset's values, then ``overrides`` on top."""
-        return cls(**{**preset_values(name), **overrides, "preset": name})
+        return cls(**{**apply_preset(name, overrides, set(overrides)), "preset": name})
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly (paths as strings), for checkpoints and Parquet metadata."""
@@ -162,11 +189,12 @@ class TrainConfig:
         return cls(**kw)
 
 
-def get_spec(name: str) -> Any:
-    """The AlgoSpec for ``--algo``; unknown names list the valid ones."""
+def get_spec(name: str, staged: bool = False) -> Any:
+    """The AlgoSpec for ``--algo``; unknown names list the valid ones. ``staged``: the caller
+    supplies the stage reward an excluded algorithm needs (hrpo under `zsearch propose`)."""
     from zsearch_cli.algos import ALGOS
 
-    if name in TRAIN_ALGOS_EXCLUDED:
+    if name in TRAIN_ALGOS_EXCLUDED and not staged:
         raise ZsearchError(f"--algo {name}: {TRAIN_ALGOS_EXCLUDED[name]}")
     if name not in ALGOS:
         valid = ", ".join(k for k in ALGOS if k not in TRAIN_ALGOS_EXCLUDED)
@@ -174,13 +202,13 @@ def get_spec(name: str) -> Any:
     return ALGOS[name]
 
 
-def algo_config(cfg: TrainConfig) -> Any:
+def algo_config(cfg: TrainConfig, staged: bool = False) -> Any:
     """The algorithm's frozen config: paper defaults, then whatever ``cfg`` sets.
 
     ``target_groups`` (DSPO's B) is the batch size; ``reward`` (DSPO's filter metric) is the
     run's reward. Unknown ``algo_args`` keys are an error naming the valid ones.
     """
-    spec = get_spec(cfg.algo)
+    spec = get_spec(cfg.algo, staged)
     fields = {f.name: f for f in dataclasses.fields(spec.config_cls)}
     values: dict[str, Any] = {}
     for key in ("lr", "critic_lr", "group_size", "beta", "max_gen_batches"):
@@ -215,10 +243,11 @@ def parse_algo_args(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
-def check_config(cfg: TrainConfig) -> Any:
-    """Validate ``cfg`` and return its algorithm config; every problem is one line."""
-    spec = get_spec(cfg.algo)
-    acfg = algo_config(cfg)
+def check_config(cfg: TrainConfig, staged: bool = False) -> Any:
+    """Validate ``cfg`` and return its algorithm config; every problem is one line.
+    ``staged`` as in :func:`get_spec`."""
+    spec = get_spec(cfg.algo, staged)
+    acfg = algo_config(cfg, staged)
 
     def need(ok: bool, msg: str) -> None:
         if not ok:
@@ -261,4 +290,64 @@ def check_config(cfg: TrainConfig) -> Any:
     from zsearch_cli.rollout.protocols import PROTOCOLS
 
     need(cfg.protocol in PROTOCOLS, f"unknown --protocol {cfg.protocol!r}: use one of {', '.join(PROTOCOLS)}")
+    search_options(cfg)
+    check_validation(cfg)
     return acfg
+
+
+NOISE_FIELDS = ("noise_start", "noise_end", "noise_base", "noise_schedule")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def search_options(cfg: TrainConfig) -> dict[str, Any]:
+    """Keyword options for ``make_search_backend(cfg.search, …)``: for the simulator, the
+    ``--noise-*`` values that are set and the run's seed (unless the spec sets its own);
+    nothing for a real engine, where setting ``--noise-*`` is an error. Checked in full here
+    (values, ranges, spec options) so a bad combination fails before any model loads."""
+    from zsearch_cli.search.factory import is_simulated
+
+    set_fields = [name for name in NOISE_FIELDS if getattr(cfg, name) is not None]
+    if not is_simulated(cfg.search):
+        if set_fields:
+            raise ZsearchError(f"{'/'.join(map(_flag, set_fields))} only applies to the simulated search "
+                               f"(--search sim:MODEL or sim+http://HOST:PORT/v1), not --search {cfg.search}")
+        return {}
+    from zsearch_cli.search.curriculum import NoiseCurriculum
+    from zsearch_cli.search.sim_text import SFT_DOCS
+    from zsearch_cli.search.simulated import SimConfig, parse_sim_spec, spec_option_names
+
+    _, spec_options = parse_sim_spec(cfg.search.strip())
+    in_spec = spec_option_names(cfg.search.strip())
+    both = [name for name in set_fields if name in in_spec]
+    if both:
+        raise ZsearchError(f"{_flag(both[0])} and --search …?{both[0]}= both set it: keep one")
+    kwargs: dict[str, Any] = {name: getattr(cfg, name) for name in set_fields}
+    if "seed" not in in_spec:
+        kwargs["seed"] = cfg.seed
+    sim = SimConfig.from_options({**spec_options, **kwargs})
+    NoiseCurriculum(sim.noise_start, sim.noise_end, sim.noise_base, sim.noise_schedule)  # range checks
+    if sim.mode == "sft" and cfg.topk > SFT_DOCS:
+        raise ZsearchError(f"--topk {cfg.topk}: the ZeroSearch simulator writes {SFT_DOCS} documents "
+                           f"(use --topk <= {SFT_DOCS}, or mode=prompt)")
+    return kwargs
+
+
+def validation_search(cfg: TrainConfig) -> str:
+    """The validation backend's spec: ``--val-search``, else bm25 over ``--index``."""
+    return (cfg.val_search or "bm25").strip()
+
+
+def check_validation(cfg: TrainConfig) -> None:
+    """Validation options; a simulated validation backend needs ``--val-allow-sim``."""
+    from zsearch_cli.search.factory import is_simulated
+
+    if cfg.val_every < 0:
+        raise ZsearchError(f"--val-every must be >= 0, got {cfg.val_every}")
+    if cfg.val_limit is not None and cfg.val_limit < 1:
+        raise ZsearchError(f"--val-limit must be >= 1, got {cfg.val_limit}")
+    if cfg.val_data and is_simulated(validation_search(cfg)) and not cfg.val_allow_sim:
+        raise ZsearchError(f"--val-search {validation_search(cfg)} is the simulator: validation measures real "
+                           "retrieval (default: bm25 over --index); pass --val-allow-sim to validate on it anyway")

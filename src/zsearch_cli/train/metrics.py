@@ -15,7 +15,8 @@ from zsearch_cli.errors import ZsearchError
 from zsearch_cli.schemas import METRIC_COLUMNS, METRICS, read_artifact, write_artifact
 
 PLOTTED = ("reward_mean", "em", "f1", "kl", "entropy", "clipfrac", "grad_norm", "lr", "response_length",
-           "searches", "kept_frac", "logp_mismatch", "vf_loss", "noise_p", "time_step")
+           "searches", "kept_frac", "logp_mismatch", "vf_loss", "noise_p", "val_em", "val_f1", "time_step", "difficulty",
+           "format_reward", "solver_k", "gate_pass")
 """Curves ``zsearch plot`` draws, when the run logged them."""
 
 

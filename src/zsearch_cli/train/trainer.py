@@ -26,33 +26,43 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.train.checkpoint import atomic_dir, latest_checkpoint, load_training_state, read_state, save_checkpoint
-from zsearch_cli.train.collect import RewardFn, collect
-from zsearch_cli.train.config import TrainConfig, check_config, get_spec
+from zsearch_cli.train.collect import BatchRewardFn, RewardFn, collect
+from zsearch_cli.train.config import TrainConfig, check_config, get_spec, search_options
 from zsearch_cli.train.data import TrainData, load_rows
 from zsearch_cli.train.metrics import MetricsLog, step_metrics
 from zsearch_cli.train.models import load_critic, load_policy, load_reference, merged_weights, save_policy
 from zsearch_cli.train.optim import make_optimizer
 from zsearch_cli.train.update import StepModels, advantages, optimize, rollout_tensors
+from zsearch_cli.train.validation import Validator
 
 RESUME_MAY_CHANGE = {"steps", "save_every", "keep_checkpoints", "resume", "report_to", "save_rollouts", "out",
-                     "device", "backend", "preset"}
+                     "device", "backend", "preset", "val_data", "val_every", "val_limit", "val_search",
+                     "val_allow_sim"}
 """Options that may differ between a run and its --resume; any other change is refused."""
 
 
 class Trainer:
     """Build with a :class:`TrainConfig`, then :meth:`train`. ``search`` and ``reward_fn``
-    replace the configured search backend / reward (tests, and stages with their own)."""
+    replace the configured search backend / reward (tests, and stages with their own).
+
+    Stages that generate their own prompts and score whole batches (``zsearch propose``:
+    HRPO on the Dr. Zero proposer) pass ``data`` — anything with ``next_batch()``,
+    ``batch_size``, ``state()`` and ``load_state()``, checkpointed like the QA cursor — and
+    ``batch_reward_fn`` (see :data:`~zsearch_cli.train.collect.BatchRewardFn`). Only with a
+    batch reward may ``cfg.algo`` be one that plain ``zsearch train`` refuses (hrpo)."""
 
     def __init__(self, cfg: TrainConfig, *, search: Any = None, reward_fn: RewardFn | None = None,
-                 console: Console | None = None):
+                 console: Console | None = None, data: Any = None, batch_reward_fn: BatchRewardFn | None = None):
         self.cfg = cfg
-        self.acfg = check_config(cfg)
-        self.spec = get_spec(cfg.algo)
+        self.acfg = check_config(cfg, staged=batch_reward_fn is not None)
+        self.spec = get_spec(cfg.algo, staged=batch_reward_fn is not None)
         self.reward_fn = reward_fn
+        self.batch_reward_fn = batch_reward_fn
         self.console = console or Console(stderr=True)
         self.accelerator = self._accelerator()
         resume_dir = self._resume_point()
-        self.data = TrainData(load_rows(cfg.train_data), cfg.batch_size, cfg.seed)
+        self.data = data if data is not None else TrainData(load_rows(cfg.train_data), cfg.batch_size, cfg.seed)
+        self.validator = Validator.from_config(cfg)  # reads --val-data now, before any model loads
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
@@ -73,7 +83,8 @@ class Trainer:
         if search is None:
             from zsearch_cli.search.factory import make_search_backend
 
-            search = make_search_backend(cfg.search, index_dir=cfg.index or Path("runs/index"))
+            # --noise-* and the seed, for the simulator (search_options checked them already)
+            search = make_search_backend(cfg.search, index_dir=cfg.index or Path("runs/index"), **search_options(cfg))
         self.search = search
         self.generation, self.uses_vllm = self._generation_backend(resume_dir)
         from zsearch_cli.rollout.engine import RolloutConfig, RolloutEngine
@@ -84,6 +95,8 @@ class Trainer:
                              topk=cfg.topk, temperature=cfg.temperature, top_p=cfg.top_p,
                              seed=cfg.seed + 7919 * self.accelerator.process_index)
         self.engine = RolloutEngine(self.generation, PROTOCOLS[cfg.protocol](), self.search, rcfg)
+        if self.validator is not None:
+            self.validator.attach(self.generation, self.search, self.accelerator, cfg.batch_size * self.acfg.group_size)
         self.metrics = MetricsLog(Path(cfg.out), cfg.to_dict(), self.accelerator, self.accelerator.is_main_process)
         self.start_step = 0
         if resume_dir is not None:
@@ -172,7 +185,7 @@ class Trainer:
         acc = self.accelerator
         collected = collect(self.engine, self.data, self.spec, self.acfg, step, metric=cfg.reward,
                             protocol=cfg.protocol, format_bonus=cfg.format_bonus, reward_fn=self.reward_fn,
-                            shard=(acc.process_index, acc.num_processes))
+                            shard=(acc.process_index, acc.num_processes), batch_reward_fn=self.batch_reward_fn)
         for note in collected.notes:
             self.console.print(f"[yellow]{note}[/]", soft_wrap=True)
         t1 = time.perf_counter()
@@ -182,7 +195,7 @@ class Trainer:
         if train:
             self.policy.train()
             rt = rollout_tensors(self.models, train, cfg)
-            rt = advantages(self.spec, self.acfg, train, rt)
+            rt = advantages(self.spec, self.acfg, train, rt, self.accelerator)
             for t, a in zip(train, rt["adv"]):
                 t["advantage"] = float(a.float().mean()) if a.numel() else 0.0
             update = optimize(self.models, self.spec, self.acfg, cfg, train, rt, step)
@@ -200,7 +213,10 @@ class Trainer:
         noise_p = getattr(self.search, "noise_p", None)
         noise_p = noise_p() if callable(noise_p) else noise_p
         extra = {"lr": lr, "critic_lr": critic_lr, "logp_mismatch": mismatch, "time_update": now - t1,
-                 "time_step": now - t0, "noise_p": None if noise_p is None else float(noise_p)}
+                 "time_step": now - t0, "noise_p": None if noise_p is None else float(noise_p),
+                 **collected.reward_metrics}
+        if self.validator is not None and self.validator.due(step):
+            extra.update(self.validator.run(step))  # val_em/val_f1/val_subem of the updated policy
         row = self._reduce(step_metrics(step, collected, update, extra))
         if cfg.save_rollouts:
             self._save_rollouts(step, collected.trajs)
@@ -231,6 +247,14 @@ class Trainer:
             return "-" if v is None else format(v, fmt)
 
         kept = f" kept {f('kept_frac', '.2f')} gen {f('gen_batches', '.0f')}" if row.get("kept_frac") is not None else ""
+        if row.get("difficulty") is not None:  # a proposer run (HRPO): what the solver made of its questions
+            hops = "/".join(f(f"hops_{h}", ".0f") for h in (1, 2, 3, 4))
+            kept += (f" diff {f('difficulty')} fmt {f('format_reward')} k {f('solver_k', '.2f')} "
+                     f"gate {f('gate_pass', '.0f')} hops {hops}")
+        if row.get("noise_p") is not None:  # ZeroSearch: the simulator's p(t) this step
+            kept += f" noise_p {f('noise_p')}"
+        if row.get("val_em") is not None:
+            kept += f" | val em {f('val_em')} f1 {f('val_f1')} subem {f('val_subem')}"
         return (f"step {row['step'] + 1}/{self.cfg.steps} reward {f('reward_mean')} em {f('em')} "
                 f"kl {f('kl', '.4f')} ent {f('entropy')} gnorm {f('grad_norm')} lr {f('lr', '.2e')} "
                 f"len {f('response_length', '.0f')}{kept} | {f('time_step', '.1f')}s "

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from zsearch_cli.errors import ZsearchError
 from zsearch_cli.train.logprobs import collate, critic_forward, pad_rows, policy_forward, split_rows
 from zsearch_cli.train.models import reference_mode
 
@@ -73,8 +74,14 @@ def _padded(rows: list[Tensor], width: int) -> Tensor:
     return pad_rows(rows, width, 0.0, torch.float32)
 
 
-def advantages(spec: Any, acfg: Any, trajs: list[dict[str, Any]], rt: dict[str, Any]) -> dict[str, Any]:
-    """Add ``adv`` (per sample: 0-dim for sequence algos, [R_i] for PPO) and ``returns``."""
+def advantages(spec: Any, acfg: Any, trajs: list[dict[str, Any]], rt: dict[str, Any],
+               accelerator: Any = None) -> dict[str, Any]:
+    """Add ``adv`` (per sample: 0-dim for sequence algos, [R_i] for PPO) and ``returns``.
+
+    With ``accelerator`` over several processes, hop groups (HRPO) span the whole batch:
+    each process holds only its slice of the prompts, and a per-slice hop group would be a
+    different (smaller, more often singleton) baseline than the paper's batch-wide I_h.
+    Prompt groups need no gathering: all G samples of a prompt are on one process."""
     rewards = torch.tensor([t["reward"] for t in trajs], dtype=torch.float32)
     if spec.needs_critic:
         lengths = [len(t["response_ids"]) for t in trajs]
@@ -86,10 +93,36 @@ def advantages(spec: Any, acfg: Any, trajs: list[dict[str, Any]], rt: dict[str, 
         adv, ret = spec.token_advantages(rewards.to(old.device), old, ref, values, mask.to(old.device), acfg)
         rt["adv"], rt["returns"] = split_rows(adv, lengths), split_rows(ret, lengths)
     else:
-        group_ids = [t["group_id"] for t in trajs]
-        adv = spec.advantages(rewards, group_ids, acfg)  # [N]
+        group_ids = _group_keys(spec, trajs)
+        if spec.group_by == "hop" and accelerator is not None and accelerator.num_processes > 1:
+            adv = _batch_wide(spec, acfg, rewards, group_ids, accelerator)  # multi-process: unverified on GPUs
+        else:
+            adv = spec.advantages(rewards, group_ids, acfg)  # [N]
         rt["adv"], rt["returns"] = list(adv.unbind(0)), None
     return rt
+
+
+def _batch_wide(spec: Any, acfg: Any, rewards: Tensor, group_ids: list[Any], accelerator: Any) -> Tensor:
+    """Advantages over every process's samples (gathered in rank order); this process's slice."""
+    from accelerate.utils import gather_object
+
+    parts = gather_object([(rewards.tolist(), list(group_ids))])  # one (rewards, keys) per process
+    start = sum(len(r) for r, _ in parts[: accelerator.process_index])
+    all_rewards = torch.tensor([x for r, _ in parts for x in r], dtype=torch.float32)
+    adv = spec.advantages(all_rewards, [k for _, ks in parts for k in ks], acfg)
+    return adv[start : start + len(group_ids)]
+
+
+def _group_keys(spec: Any, trajs: list[dict[str, Any]]) -> list[Any]:
+    """What the algorithm groups by: the per-prompt group id, or (HRPO, ``group_by ==
+    "hop"``) the hop count the stage's batch reward wrote to ``t["hops"]`` — HRPO has one
+    sample per prompt, so its baseline comes from the batch's questions with the same h."""
+    if spec.group_by != "hop":
+        return [t["group_id"] for t in trajs]
+    if any(t.get("hops") is None for t in trajs):
+        raise ZsearchError(f"--algo {spec.name} groups by hop count, but the reward set no 'hops' on the "
+                           "trajectories (it needs the proposer reward of `zsearch propose`)")
+    return [int(t["hops"]) for t in trajs]
 
 
 def _accumulate(total: dict[str, float], stats: dict[str, Tensor], weight: float) -> None:

@@ -1,0 +1,313 @@
+"""``zsearch drzero``: Dr. Zero's self-evolution loop (§3.4, Appendix A; FORMULAS §5).
+
+Each iteration i runs four sub-steps, every one an existing stage called as a library:
+
+1. **propose**: train the proposer with HRPO (:func:`~zsearch_cli.stages.propose_train.train_proposer`),
+   starting from iteration i−1's proposer, with the *current* solver frozen as the reward;
+2. **generate**: write a PROPOSED_QA set with the new proposer (``propose --generate-only``);
+3. **solve**: train the solver with GRPO on that set (``zsearch solve`` = ``train`` with the
+   ``drzero-solver`` preset), starting from iteration i−1's solver;
+4. **eval** (optional, ``--eval-datasets``): evaluate the new solver.
+
+Both models start from the same base model. ``OUT/lineage.json`` is rewritten atomically
+after every sub-step starts, finishes or fails: which checkpoint produced which data, which
+data trained which checkpoint, every seed, and the eval results. It is also the resume
+point: rerunning the same command skips every sub-step recorded as done (whose outputs
+still exist), and a training sub-step that was interrupted continues from its latest
+checkpoint through the trainer's ``--resume``. A training run whose ``final/`` exists is
+complete (the trainer writes it last, atomically), so a kill between that and the lineage
+update costs nothing either.
+
+Seeds: iteration i uses ``seed + 1000·i + {1: propose, 2: generate, 3: solve}``, so every
+iteration and sub-step samples differently, and the whole loop repeats from ``--seed``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from rich.console import Console
+
+from zsearch_cli.errors import ZsearchError
+
+LINEAGE = "lineage.json"
+LINEAGE_FORMAT = "zsearch.drzero.lineage/1"
+MAY_CHANGE = {"iterations", "eval_datasets", "eval_data_dir", "eval_limit", "backend", "device", "save_every"}
+"""Options a rerun may change; any other change would break the recorded lineage and is refused."""
+
+
+@dataclass
+class DrZeroOptions:
+    """What ``zsearch drzero`` runs; defaults are Dr. Zero's (Appendix A, Tables 5–6)."""
+
+    out: Path = Path("runs/drzero")
+    model: str = "smollm2"
+    """The base model both proposer and solver start from."""
+    iterations: int = 3
+    proposer_steps: int = 50
+    solver_steps: int = 50
+    questions_per_iteration: int = 64
+    """Proposer prompts at the generate sub-step (questions that fail the gate are dropped)."""
+    samples: int = 1
+    """Proposer samples per prompt at generation; the best by format score is kept."""
+    batch_size: int = 16
+    """Proposer prompts per HRPO step (and per generation batch)."""
+    solver_batch_size: int = 8
+    """Questions per solver GRPO step (capped at the generated set's size)."""
+    group_size: int = 5
+    """G, solver responses per question."""
+    solver_samples: int = 5
+    """n, solver answers per proposed question in the proposer's difficulty reward."""
+    hop_ratio: str = "4:3:2:1"
+    seed: int = 0
+    proposer_lr: float = 1e-6
+    solver_lr: float = 1e-6
+    lora_r: int = 0
+    index: Path = Path("runs/index")
+    search: str = "bm25"
+    topk: int = 3
+    max_turns: int = 5
+    max_turn_tokens: int = 512
+    max_obs_tokens: int = 512
+    proposer_context_tokens: int = 4096
+    solver_context_tokens: int = 3072
+    temperature: float = 1.0
+    save_every: int = 10
+    """Trainer checkpoints every N steps: where an interrupted training sub-step resumes."""
+    eval_datasets: str = ""
+    """Empty = no eval sub-step; else as ``zsearch eval --datasets``."""
+    eval_data_dir: Path = Path("data")
+    eval_limit: int | None = None
+    backend: str = "auto"
+    device: str = "auto"
+    dtype: str = "auto"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()}
+
+
+def iteration_seeds(seed: int, iteration: int) -> dict[str, int]:
+    """The seeds of iteration ``iteration`` (1-based), derived from ``--seed`` alone."""
+    base = seed + 1000 * iteration
+    return {"propose": base + 1, "generate": base + 2, "solve": base + 3}
+
+
+def solve_config(train_data: str | Path, **overrides: Any) -> Any:
+    """``zsearch solve``'s config: ``train`` with the drzero-solver preset on a QA file."""
+    from zsearch_cli.train.config import TrainConfig
+
+    return TrainConfig.from_preset("drzero-solver", train_data=str(train_data), **overrides)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S")
+
+
+class Lineage:
+    """OUT/lineage.json: the loop's manifest and resume point, written atomically."""
+
+    def __init__(self, path: Path, opts: DrZeroOptions):
+        self.path = path
+        now = opts.to_dict()
+        if path.is_file():
+            self.data = json.loads(path.read_text())
+            saved = self.data.get("options", {})
+            changed = [f"{k}={saved.get(k)!r}->{v!r}" for k, v in now.items()
+                       if k not in MAY_CHANGE and saved.get(k) != v]
+            if changed:
+                raise ZsearchError(f"{path}: options differ from the recorded loop ({', '.join(changed)}); "
+                                   "pass the same options or choose another --out")
+            self.data["options"] = now
+        else:
+            self.data = {"format": LINEAGE_FORMAT, "base_model": opts.model, "seed": opts.seed, "options": now,
+                         "iterations": [], "current": {"proposer": opts.model, "solver": opts.model}}
+
+    def save(self) -> None:
+        self.data["updated"] = _now()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text(json.dumps(self.data, indent=2) + "\n")
+        os.replace(tmp, self.path)
+
+    def iteration(self, i: int) -> dict[str, Any]:
+        """Iteration ``i``'s record (1-based), created with its seeds when new."""
+        its = self.data["iterations"]
+        while len(its) < i:
+            its.append({"iteration": len(its) + 1, "seeds": iteration_seeds(self.data["seed"], len(its) + 1)})
+        return its[i - 1]
+
+
+def _outputs_exist(rec: dict[str, Any]) -> bool:
+    return all(Path(rec[k]).exists() for k in ("checkpoint", "data") if rec.get(k))
+
+
+class Loop:
+    """Runs the iterations, recording each sub-step in the lineage before and after."""
+
+    def __init__(self, opts: DrZeroOptions, config: dict[str, Any], console: Console | None = None):
+        self.opts = opts
+        self.config = config
+        self.console = console or Console(stderr=True)
+        self.lineage = Lineage(Path(opts.out) / LINEAGE, opts)
+        self.ran = 0
+
+    def substep(self, it: dict[str, Any], name: str, plan: dict[str, Any],
+                work: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+        """Skip ``name`` when recorded done with its outputs present; else record it as
+        running with ``plan`` (inputs, planned outputs), run ``work``, record the result."""
+        rec = it.get(name)
+        if rec and rec.get("status") == "done" and _outputs_exist(rec):
+            return rec
+        rec = {**plan, "status": "running", "started": _now()}
+        it[name] = rec
+        self.lineage.save()
+        self.console.print(f"[bold]drzero iteration {it['iteration']}/{self.opts.iterations}: {name}[/]",
+                           soft_wrap=True)
+        self.ran += 1
+        try:
+            rec.update(work(rec))
+        except ZsearchError as err:
+            rec.update(status="failed", error=str(err), finished=_now())
+            self.lineage.save()
+            raise ZsearchError(f"drzero iteration {it['iteration']} {name}: {err}") from None
+        rec.update(status="done", finished=_now())
+        self.lineage.save()
+        return rec
+
+    # ------------------------------------------------------------------ the sub-steps
+
+    def _train_kwargs(self, run_dir: str) -> dict[str, Any]:
+        """Options both training sub-steps share; ``resume`` when an interrupted run left checkpoints."""
+        from zsearch_cli.train.checkpoint import latest_checkpoint
+
+        o = self.opts
+        return dict(index=Path(o.index), search=o.search, topk=o.topk, max_turns=o.max_turns,
+                    max_turn_tokens=o.max_turn_tokens, max_obs_tokens=o.max_obs_tokens, temperature=o.temperature,
+                    lora_r=o.lora_r, save_every=o.save_every, resume=latest_checkpoint(Path(run_dir)) is not None,
+                    backend=o.backend, device=o.device, dtype=o.dtype)
+
+    def propose(self, rec: dict[str, Any]) -> dict[str, Any]:
+        from zsearch_cli.stages.propose_train import train_proposer
+        from zsearch_cli.train.config import TrainConfig
+
+        if not Path(rec["checkpoint"]).is_dir():  # final/ exists = that run completed
+            o = self.opts
+            cfg = TrainConfig.from_preset(
+                "drzero-proposer", model=rec["proposer_init"], out=Path(rec["run_dir"]), steps=o.proposer_steps,
+                batch_size=o.batch_size, lr=o.proposer_lr, seed=rec["seed"],
+                max_context_tokens=o.proposer_context_tokens, **self._train_kwargs(rec["run_dir"]))
+            train_proposer(cfg, solver_model=rec["solver"], solver_samples=o.solver_samples, hop_ratio=o.hop_ratio,
+                           console=self.console)
+        return {}
+
+    def generate(self, rec: dict[str, Any]) -> dict[str, Any]:
+        from zsearch_cli.schemas import PROPOSED_QA, read_artifact
+        from zsearch_cli.stages.propose import GenerateOptions, generate_questions
+
+        o = self.opts
+        if not Path(rec["data"]).is_file():  # written atomically once complete
+            gen = GenerateOptions(
+                model=rec["proposer"], solver_model=rec["solver"], index=str(o.index), search=o.search,
+                num_questions=o.questions_per_iteration, samples=o.samples, solver_samples=o.solver_samples,
+                hop_ratio=o.hop_ratio, seed=rec["seed"], topk=o.topk, max_turns=o.max_turns,
+                max_turn_tokens=o.max_turn_tokens, max_obs_tokens=o.max_obs_tokens,
+                max_context_tokens=o.proposer_context_tokens, temperature=o.temperature, batch_size=o.batch_size,
+                backend=o.backend, device=o.device)
+            generate_questions(gen, Path(rec["data"]), {**self.config, "drzero_substep": rec["label"]})
+        rows = read_artifact(rec["data"], PROPOSED_QA).to_pylist()
+        hops = {str(h): sum(r["hops"] == h for r in rows) for h in (1, 2, 3, 4)}
+        return {"questions": len(rows), "hops": hops, "mean_k": sum(r["k"] for r in rows) / len(rows),
+                "mean_difficulty": sum(r["difficulty"] for r in rows) / len(rows)}
+
+    def solve(self, rec: dict[str, Any]) -> dict[str, Any]:
+        from zsearch_cli.train.trainer import run_training
+
+        if not Path(rec["checkpoint"]).is_dir():
+            o = self.opts
+            cfg = solve_config(rec["data"], model=rec["solver_init"], out=Path(rec["run_dir"]), steps=o.solver_steps,
+                               batch_size=rec["batch_size"], group_size=o.group_size, lr=o.solver_lr,
+                               seed=rec["seed"], max_context_tokens=o.solver_context_tokens,
+                               **self._train_kwargs(rec["run_dir"]))
+            run_training(cfg, console=self.console)
+        return {}
+
+    def evaluate(self, rec: dict[str, Any]) -> dict[str, Any]:
+        from zsearch_cli.stages.evaluate import EvalOptions, evaluate
+
+        o = self.opts
+        summaries = evaluate(EvalOptions(
+            datasets=o.eval_datasets, data_dir=Path(o.eval_data_dir), out=Path(rec["out"]), model=rec["model"],
+            search=o.search, index=Path(o.index), protocol="tool_call", topk=o.topk, max_turns=o.max_turns,
+            max_turn_tokens=o.max_turn_tokens, max_obs_tokens=o.max_obs_tokens,
+            max_context_tokens=o.solver_context_tokens, limit=o.eval_limit, backend=o.backend, device=o.device,
+        ), {**self.config, "drzero_substep": rec["label"]})
+        return {"results": [{k: s[k] for k in ("dataset", "n", "em", "f1", "subem")} for s in summaries]}
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> dict[str, Any]:
+        o = self.opts
+        out = Path(o.out)
+        proposer = solver = o.model
+        for i in range(1, o.iterations + 1):
+            it = self.lineage.iteration(i)
+            seeds = it["seeds"]
+            d = out / f"iter-{i}"
+            rec = self.substep(it, "propose", {
+                "label": f"iter-{i}/propose", "proposer_init": proposer, "solver": solver, "seed": seeds["propose"],
+                "steps": o.proposer_steps, "run_dir": str(d / "proposer"), "checkpoint": str(d / "proposer" / "final"),
+            }, self.propose)
+            proposer = rec["checkpoint"]
+            rec = self.substep(it, "generate", {
+                "label": f"iter-{i}/generate", "proposer": proposer, "solver": solver, "seed": seeds["generate"],
+                "prompts": o.questions_per_iteration, "data": str(d / "questions.parquet"),
+            }, self.generate)
+            data, n_questions = rec["data"], rec["questions"]
+            rec = self.substep(it, "solve", {
+                "label": f"iter-{i}/solve", "solver_init": solver, "data": data, "seed": seeds["solve"],
+                "steps": o.solver_steps, "batch_size": min(o.solver_batch_size, n_questions),
+                "run_dir": str(d / "solver"), "checkpoint": str(d / "solver" / "final"),
+            }, self.solve)
+            solver = rec["checkpoint"]
+            if o.eval_datasets.strip():
+                self.substep(it, "eval", {
+                    "label": f"iter-{i}/eval", "model": solver, "datasets": o.eval_datasets, "limit": o.eval_limit,
+                    "out": str(d / "eval"),
+                }, self.evaluate)
+            if self.lineage.data["current"] != {"proposer": proposer, "solver": solver}:
+                self.lineage.data["current"] = {"proposer": proposer, "solver": solver}
+                self.lineage.save()
+        if self.ran == 0:
+            self.console.print(f"drzero: all {o.iterations} iteration(s) already done in {out / LINEAGE}; "
+                               "nothing to run", soft_wrap=True)
+        else:
+            self.console.print(f"drzero: done; proposer {proposer}, solver {solver}, lineage {out / LINEAGE}",
+                               soft_wrap=True)
+        return self.lineage.data
+
+
+def check_options(opts: DrZeroOptions) -> None:
+    """Every invalid value as one line, before anything heavy loads."""
+    from zsearch_cli.stages.propose import parse_hop_ratio
+
+    for name in ("iterations", "proposer_steps", "solver_steps", "questions_per_iteration", "samples", "batch_size",
+                 "solver_batch_size"):
+        if getattr(opts, name) < 1:
+            raise ZsearchError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}")
+    if opts.group_size < 2 or opts.solver_samples < 2:
+        raise ZsearchError("--group-size and --solver-samples must be >= 2 (group baseline; difficulty reward)")
+    parse_hop_ratio(opts.hop_ratio)
+    if not (Path(opts.index) / "manifest.json").is_file():
+        raise ZsearchError(f"{opts.index}: no index there (build one with `zsearch index --out {opts.index}`)")
+
+
+def run_drzero(opts: DrZeroOptions, config: dict[str, Any], console: Console | None = None) -> dict[str, Any]:
+    """Run (or resume) the loop; returns the lineage."""
+    check_options(opts)
+    return Loop(opts, config, console).run()

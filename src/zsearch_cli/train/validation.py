@@ -1,0 +1,103 @@
+"""Validation during ``zsearch train``: greedy rollouts of the current policy on a held-out QA
+file, against a **real** search engine, scored by ``zsearch eval``'s own code.
+
+Why a real engine: with ``--search sim:…`` the training reward is earned on documents the
+simulator wrote (and made noisy on purpose), so whether the policy learned to search shows
+only against real retrieval. The validation backend is ``--val-search`` (default: bm25 over
+``--index``); a simulator there must be asked for with ``--val-allow-sim``.
+
+Cheap by construction: one greedy sample per question, the trainer's own generation backend
+(the HF backend shares the policy's weights; vLLM is synced after every update), the training
+rollout limits, and at most ``--val-limit`` questions. Each validation writes
+OUT/val/step-N.examples.parquet (EVAL_EXAMPLE) and returns val_em/val_f1/val_subem (and
+time_val) for the step's metrics row.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from zsearch_cli.rollout.engine import QARow
+from zsearch_cli.train.config import TrainConfig, validation_search
+from zsearch_cli.train.data import load_rows
+
+SCORES = ("em", "f1", "subem")
+
+
+class Validator:
+    """Build with :meth:`from_config` (reads the QA file, before any model loads), then
+    :meth:`attach` the trainer's generation backend; :meth:`run` on the steps :meth:`due` picks."""
+
+    def __init__(self, cfg: TrainConfig, rows: list[QARow]):
+        self.cfg = cfg
+        self.rows = rows
+        self.dataset = Path(str(cfg.val_data).split(",")[0].strip()).name.split(".")[0]
+        self.engine: Any = None
+        self.search: Any = None
+        self.accelerator: Any = None
+        self.batch_size = 1
+
+    @classmethod
+    def from_config(cls, cfg: TrainConfig) -> "Validator | None":
+        """None when ``--val-data`` is not set."""
+        if not cfg.val_data:
+            return None
+        rows = load_rows(cfg.val_data)
+        return cls(cfg, rows[: cfg.val_limit] if cfg.val_limit is not None else rows)
+
+    def attach(self, generation: Any, train_search: Any, accelerator: Any, batch_size: int) -> None:
+        """Greedy engine over ``generation``; the training backend is reused when it is the
+        same real engine (a large index is not loaded twice)."""
+        from zsearch_cli.rollout.engine import RolloutConfig, RolloutEngine
+        from zsearch_cli.rollout.protocols import PROTOCOLS
+        from zsearch_cli.search.factory import is_simulated, make_search_backend
+
+        cfg = self.cfg
+        spec = validation_search(cfg)
+        if spec == cfg.search.strip() and not is_simulated(spec):
+            self.search = train_search
+        else:
+            extra = {"seed": cfg.seed} if is_simulated(spec) else {}
+            self.search = make_search_backend(spec, index_dir=cfg.index or Path("runs/index"), **extra)
+        rcfg = RolloutConfig(max_turns=cfg.max_turns, max_turn_tokens=cfg.max_turn_tokens,
+                             max_obs_tokens=cfg.max_obs_tokens, max_context_tokens=cfg.max_context_tokens,
+                             topk=cfg.topk, temperature=0.0, seed=cfg.seed)
+        self.engine = RolloutEngine(generation, PROTOCOLS[cfg.protocol](), self.search, rcfg)
+        self.accelerator = accelerator
+        self.batch_size = max(1, batch_size)
+
+    def due(self, step: int) -> bool:
+        """After every ``--val-every`` steps, and after the last step."""
+        every = self.cfg.val_every
+        return step == self.cfg.steps - 1 or (every > 0 and (step + 1) % every == 0)
+
+    def run(self, step: int) -> dict[str, float]:
+        """Validate the policy as it is after ``step``; each process takes its slice of the
+        questions and the sums are added up, so every process returns the same means."""
+        t0 = time.perf_counter()
+        from zsearch_cli.stages.evaluate import evaluate_engine
+
+        acc = self.accelerator
+        rank, world = (acc.process_index, acc.num_processes) if acc is not None else (0, 1)
+        if hasattr(self.search, "set_progress"):
+            self.search.set_progress(step, self.cfg.steps)
+        examples, summary = evaluate_engine(self.engine, self.rows[rank::world], self.dataset, self.cfg.model,
+                                            self.batch_size)
+        totals = [summary[k] * summary["n"] if summary else 0.0 for k in SCORES] + [float(len(examples))]
+        if world > 1:
+            totals = acc.reduce(torch.tensor(totals, dtype=torch.float64, device=acc.device), "sum").tolist()
+        self._write(step, examples, rank, world)
+        n = max(totals[-1], 1.0)
+        return {**{f"val_{k}": totals[i] / n for i, k in enumerate(SCORES)}, "time_val": time.perf_counter() - t0}
+
+    def _write(self, step: int, examples: list[dict[str, Any]], rank: int, world: int) -> None:
+        from zsearch_cli.schemas import EVAL_EXAMPLE, write_artifact
+
+        if examples:
+            suffix = f".rank{rank}" if world > 1 else ""
+            path = Path(self.cfg.out) / "val" / f"step-{step:06d}{suffix}.examples.parquet"
+            write_artifact(examples, path, EVAL_EXAMPLE, self.cfg.to_dict())
