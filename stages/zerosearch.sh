@@ -8,15 +8,19 @@
 #   6. train    REINFORCE on the simulator, curriculum noise p_s -> p_e  zsearch train --preset zerosearch
 #   7. eval     the trained policy against the REAL engine              zsearch eval
 #
-# Defaults run on a CPU: the bundled demo corpus and train split, the embedded smollm2 for
-# the policy and the simulator, LoRA, a few short steps; they exercise the chain, they do
-# not produce a good agent. A CPU run still needs a judge that follows the verdict format
-# (below). Every path and size is a variable (override from the environment).
+# Defaults are CPU-sized: the bundled demo corpus and train split, the embedded smollm2,
+# LoRA, a few short steps. Every path and size is a variable (override from the
+# environment). Two models must be able to do their job for the chain to complete: the
+# collecting agent must search (smollm2 was never trained to: expect about one query row
+# per 30 trajectories; use a model that writes <search> tags, e.g. a Qwen2.5 instruct model,
+# or smollm2 after a format warm-up with `zsearch sft`), and the judge must follow the
+# verdict format (below). tests/test_zerosearch_chain.py runs this script on tiny CPU models
+# with a warmed-up policy and a format-following judge endpoint.
 #
 # The judge: the labels are only as good as the judge, and it must answer "Verdict: yes|no"
 # (unparseable verdicts are recorded, never guessed, and the simulator skips those rows).
 # The default is a local model through --judge-model, smollm2, which is too small: it
-# answers in prose, so no row gets a label and the chain stops at step 4 with a hint. Use a
+# answers in prose, so no row gets a label and the script stops at step 4 with a hint. Use a
 # real instruct model, locally (JUDGE_MODEL=Qwen/Qwen2.5-7B-Instruct DEVICE=cuda) or behind
 # an OpenAI-compatible endpoint (JUDGE_URL=http://127.0.0.1:8002/v1 JUDGE_MODEL=<served name>,
 # key in $OPENAI_API_KEY; e.g. `vllm serve Qwen/Qwen2.5-7B-Instruct --port 8002`).
@@ -89,9 +93,10 @@ echo "== 4. simsft: fine-tune the simulator $SIM_MODEL ($SIM_STEPS steps)"
 if [ ! -e "$OUT/simsft/final" ]; then
   if ! zsearch simsft "$OUT/judge/judgments.parquet" --model "$SIM_MODEL" --out "$OUT/simsft" \
       --max-steps "$SIM_STEPS" --lr "$SIM_LR" --device "$DEVICE" --save-every 0; then
-    echo "simsft failed. If no judged row was usable, the judge ($JUDGE_MODEL) did not answer in the" \
-         "'Verdict: yes|no' format: use an instruct model (JUDGE_MODEL=Qwen/Qwen2.5-7B-Instruct DEVICE=cuda)" \
-         "or an endpoint (JUDGE_URL=http://HOST:PORT/v1 JUDGE_MODEL=NAME), then re-run." >&2
+    echo "simsft failed. 'no usable rows' means: either the judge ($JUDGE_MODEL) did not answer" \
+         "'Verdict: yes|no' (use JUDGE_MODEL=Qwen/Qwen2.5-7B-Instruct DEVICE=cuda, or JUDGE_URL=http://HOST:PORT/v1" \
+         "JUDGE_MODEL=NAME), or $COLLECT_MODEL hardly searched in step 2 (use COLLECT_MODEL=a model that writes" \
+         "<search> tags, e.g. a Qwen2.5 instruct model or one warmed up with \`zsearch sft\`); then re-run." >&2
     exit 1
   fi
 fi
