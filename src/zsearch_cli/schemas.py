@@ -263,12 +263,6 @@ ALL_ARTIFACTS: dict[str, Artifact] = {
 }
 
 
-def register(artifact: Artifact) -> Artifact:
-    """Add an artifact declared next to these (kept here so one module lists them all)."""
-    ALL_ARTIFACTS[artifact.name] = artifact
-    return artifact
-
-
 # ----------------------------------------------------------------------------- validation
 
 
