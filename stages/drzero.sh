@@ -8,6 +8,9 @@
 #   BATCH=256 SOLVER_BATCH=256 QUESTIONS=4096 TURN_TOKENS=512 LORA_R=0 DEVICE=cuda DATASETS=all bash stages/drzero.sh
 # (multi-GPU training steps: LAUNCH="accelerate launch --config_file stages/accelerate/ddp.yaml").
 # Rerunning resumes: finished steps are skipped, an interrupted training run continues (--resume).
+# Solver on its own GPU: serve the current solver (`vllm serve SOLVER_CHECKPOINT --port 8001`, a
+# full-weight checkpoint, so LORA_R=0) and set SOLVER_URL=http://127.0.0.1:8001/v1; propose and
+# generate then ask that server (token ids in and out). Restart it on $SOLVER after each solve.
 set -euo pipefail
 
 OUT=${OUT:-runs/drzero-sh}
@@ -31,6 +34,7 @@ DEVICE=${DEVICE:-auto}
 DATASETS=${DATASETS:-demo}          # empty = no eval
 EVAL_LIMIT=${EVAL_LIMIT:-8}
 LAUNCH=${LAUNCH:-}
+SOLVER_URL=${SOLVER_URL:-}          # empty = the solver runs in-process
 
 echo "== 0. index (BM25)"
 if [ ! -e "$INDEX/manifest.json" ]; then
@@ -52,7 +56,8 @@ for ((i = 1; i <= ITERATIONS; i++)); do
   if [ ! -d "$PROPOSER_RUN/final" ]; then
     $LAUNCH "$ZSEARCH" propose --model "$PROPOSER" --solver-model "$SOLVER" --index "$INDEX" --out "$PROPOSER_RUN" \
       --steps "$PROPOSER_STEPS" --batch-size "$BATCH" --solver-samples "$SOLVER_SAMPLES" --hop-ratio "$HOP_RATIO" \
-      --max-turn-tokens "$TURN_TOKENS" --lora-r "$LORA_R" --device "$DEVICE" --seed $((BASE_SEED + 1)) --resume
+      --max-turn-tokens "$TURN_TOKENS" --lora-r "$LORA_R" --device "$DEVICE" --seed $((BASE_SEED + 1)) --resume \
+      ${SOLVER_URL:+--solver-url "$SOLVER_URL"}
   fi
   PROPOSER=$PROPOSER_RUN/final
 
@@ -60,7 +65,7 @@ for ((i = 1; i <= ITERATIONS; i++)); do
   if [ ! -e "$QA" ]; then
     zsearch propose --generate-only --model "$PROPOSER" --solver-model "$SOLVER" --index "$INDEX" --out "$QA" \
       --num-questions "$QUESTIONS" --samples "$SAMPLES" --solver-samples "$SOLVER_SAMPLES" --hop-ratio "$HOP_RATIO" \
-      --max-turn-tokens "$TURN_TOKENS" --device "$DEVICE" --seed $((BASE_SEED + 2))
+      --max-turn-tokens "$TURN_TOKENS" --device "$DEVICE" --seed $((BASE_SEED + 2)) ${SOLVER_URL:+--solver-url "$SOLVER_URL"}
   fi
 
   echo "== $i.3 solve: GRPO on $QA from $SOLVER"

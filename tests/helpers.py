@@ -34,9 +34,9 @@ class ScriptedBackend:
             question = next(q for q in self.scripts if q in text)
             turn = self.scripts[question].pop(0)
             ids = self.tokenizer.encode(turn, add_special_tokens=False)[: params.max_new_tokens]
-            stopped = any(turn.endswith(s) for s in stop)
+            stopped = next((s for s in stop if turn.endswith(s)), None)
             outs.append(GenerationOutput(ids, [-0.01 * (i + 1) for i in range(len(ids))],
-                                         "stop" if stopped else "length"))
+                                         "stop" if stopped else "length", stop_string=stopped))
         return outs
 
 
@@ -54,3 +54,55 @@ class RecordingSearch:
 
     def set_progress(self, step: int, total_steps: int) -> None:
         pass
+
+
+def vllm_style_app(backend: Any, *, ids_as: str = "token_ids", tokenize: bool = True, model_name: str = "solver-1") -> Any:
+    """A real OpenAI-compatible completions server over a real (tiny) HF backend, answering
+    the way ``vllm serve`` does: token-id prompts, ``stop_reason``, the stop string kept,
+    and the sampled ids as ``choices[].token_ids`` (``ids_as='token_ids'``), as
+    ``'token_id:N'`` strings (``'token_strings'``), or not at all (``'none'``: a plain
+    OpenAI-style server). ``tokenize`` adds vLLM's ``/tokenize``. Requests are recorded in
+    ``app.state.seen``. One lock around the model: the HF backend is not thread-safe."""
+    import threading
+
+    from fastapi import FastAPI
+    from fastapi.responses import JSONResponse
+
+    app = FastAPI()
+    app.state.seen = []
+    lock = threading.Lock()
+    tok = backend.tokenizer
+
+    @app.get("/health")
+    def health() -> dict:
+        return {"ok": True}
+
+    @app.get("/v1/models")
+    def models() -> dict:
+        return {"object": "list", "data": [{"id": model_name}]}
+
+    if tokenize:
+        @app.post("/tokenize")
+        def tokenize_(body: dict) -> dict:
+            return {"tokens": tok.encode(body["prompt"], add_special_tokens=body.get("add_special_tokens", True))}
+
+    @app.post("/v1/completions")
+    def completions(body: dict):
+        app.state.seen.append(body)
+        if body["model"] != model_name:
+            return JSONResponse({"error": "unknown model"}, status_code=404)
+        params = SamplingParams(max_new_tokens=body["max_tokens"], temperature=body["temperature"],
+                                top_p=body.get("top_p", 1.0), seed=body.get("seed"))
+        with lock:
+            out = backend.generate([body["prompt"]], params, stop=body.get("stop") or ())[0]
+        choice: dict[str, Any] = {"index": 0, "text": tok.decode(out.token_ids),
+                                  "finish_reason": "length" if out.finish_reason == "length" else "stop",
+                                  "stop_reason": out.stop_string,
+                                  "logprobs": {"token_logprobs": out.logprobs}}
+        if ids_as == "token_ids":
+            choice["token_ids"] = out.token_ids
+        elif ids_as == "token_strings":
+            choice["logprobs"]["tokens"] = [f"token_id:{i}" for i in out.token_ids]
+        return {"id": "cmpl-1", "object": "text_completion", "model": model_name, "choices": [choice]}
+
+    return app

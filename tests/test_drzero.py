@@ -290,3 +290,38 @@ def test_drzero_stops_with_one_line_when_no_question_passes_the_gate(tmp_path, d
     assert "drzero iteration 1 generate: none of the 2 proposals passed the format gate" in text
     generate = json.loads((out / "lineage.json").read_text())["iterations"][0]["generate"]
     assert generate["status"] == "failed" and "format gate" in generate["error"]
+
+
+def test_propose_with_the_solver_behind_an_openai_compatible_server(tmp_path, dz, warm):
+    # The solver answers from a real loopback server that speaks like `vllm serve` (token
+    # ids in and out) over the same weights. Greedy decoding makes the two paths comparable:
+    # the generated set must be identical to the in-process solver's, answer for answer.
+    from zsearch_cli.models.loading import load_backend
+    from zsearch_cli.retrieval.server import serving
+
+    from helpers import vllm_style_app
+
+    server_app = vllm_style_app(load_backend(str(warm), backend="hf", device="cpu"))
+    common = ["propose", "--model", str(warm), "--index", str(dz.index), "--max-turns", "2",
+              "--max-turn-tokens", "48", "--device", "cpu"]
+    generate = [*common, "--generate-only", "--num-questions", "4", "--samples", "1", "--seed", "1002",
+                "--temperature", "0"]
+    _ok([*generate, "--out", str(tmp_path / "local.parquet")])
+    with serving(server_app) as url:
+        _ok([*generate, "--solver-url", f"{url}/v1", "--out", str(tmp_path / "remote.parquet")])
+        n_generate = len(server_app.state.seen)
+        _ok([*common, "--solver-url", url, "--steps", "1", "--batch-size", "2", "--lr", "1e-4", "--seed", "1001",
+             "--out", str(tmp_path / "proposer")])
+    local = read_artifact(tmp_path / "local.parquet", PROPOSED_QA).to_pylist()
+    remote = read_artifact(tmp_path / "remote.parquet", PROPOSED_QA).to_pylist()
+    assert len(local) >= 1
+    assert [(r["question"], r["solver_answers"], r["k"]) for r in remote] == [
+        (r["question"], r["solver_answers"], r["k"]) for r in local]
+    assert n_generate >= 5 * len(remote)  # n = 5 answers per question, at least one turn each
+    assert all(isinstance(b["prompt"], list) for b in server_app.state.seen)
+    assert all(b["temperature"] == 0.0 for b in server_app.state.seen[:n_generate])
+    stage = json.loads((tmp_path / "proposer" / "proposer.json").read_text())
+    assert stage["solver_url"] == url and stage["solver_model"] == str(warm)
+    metrics = read_artifact(tmp_path / "proposer" / "metrics.parquet", METRICS).to_pylist()
+    assert len(metrics) == 1 and metrics[0]["gate_pass"] is not None
+    assert len(server_app.state.seen) > n_generate  # training asked the server too

@@ -23,7 +23,9 @@ def propose(
                                        "--generate-only: output Parquet, PROPOSED_QA [runs/propose/questions.parquet]."),
     model: str = typer.Option("smollm2", help="Proposer model: HF id, path, checkpoint or smollm2."),
     solver_model: Optional[str] = typer.Option(None, help="Frozen solver that measures difficulty [same as --model; "
-                                               "loaded as a separate copy]."),
+                                               "loaded as a separate copy]. With --solver-url: its tokenizer."),
+    solver_url: Optional[str] = typer.Option(None, help="OpenAI-compatible server the solver answers from, e.g. "
+                                             "`vllm serve SOLVER` at http://127.0.0.1:8000/v1 (token ids in and out)."),
     index_dir: Path = typer.Option(Path("runs/index"), "--index", help="Index: seed passages and in-process search."),
     search: str = typer.Option("bm25", help="bm25, dense, hybrid, http://host:port or serpapi."),
     steps: int = typer.Option(50, help="Training: HRPO steps (Dr. Zero: 50 per iteration)."),
@@ -69,7 +71,7 @@ def propose(
 
     if generate_only:
         opts = GenerateOptions(
-            model=model, solver_model=solver_model, index=str(index_dir), search=search, num_questions=num_questions,
+            model=model, solver_model=solver_model, solver_url=solver_url, index=str(index_dir), search=search, num_questions=num_questions,
             samples=samples, solver_samples=solver_samples, hop_ratio=hop_ratio, seed=seed, topk=topk,
             max_turns=max_turns, max_turn_tokens=max_turn_tokens, max_obs_tokens=max_obs_tokens,
             max_context_tokens=max_context_tokens, temperature=temperature, batch_size=batch_size,
@@ -93,7 +95,8 @@ def propose(
         save_every=save_every, keep_checkpoints=keep_checkpoints, resume=resume, save_rollouts=save_rollouts,
         report_to=report_to,
     )
-    train_proposer(cfg, solver_model=solver_model, solver_samples=solver_samples, hop_ratio=hop_ratio)
+    train_proposer(cfg, solver_model=solver_model, solver_url=solver_url, solver_samples=solver_samples,
+                   hop_ratio=hop_ratio)
 
 
 @stage

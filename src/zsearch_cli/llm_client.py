@@ -187,16 +187,41 @@ class LLMClient:
         """Texts for all ``prompts``, in order, at most ``concurrency`` requests in flight;
         ``seeds`` gives each prompt its own. The first prompt that fails after its retries
         raises :class:`ZsearchError`; prompts no worker has picked up by then are never sent."""
-        if not prompts:
-            return []
         if seeds is not None and len(seeds) != len(prompts):
             raise ZsearchError(f"{len(seeds)} seeds for {len(prompts)} prompts")
-        _ = self.model  # resolve the name once, before the threads start
         per_prompt = seeds if seeds is not None else [None] * len(prompts)
-        pool = ThreadPoolExecutor(max_workers=min(self.concurrency, len(prompts)), thread_name_prefix="zsearch-llm")
+        return self.map(lambda item: self.complete_one(item[0], max_tokens, temperature, top_p=top_p, seed=item[1],
+                                                       stop=stop, system=system), list(zip(prompts, per_prompt)))
+
+    def post(self, body: dict[str, Any], url: str | None = None) -> dict[str, Any]:
+        """POST ``body`` (``model`` filled in when absent) to ``url`` (default: the
+        endpoint), retried; the decoded JSON answer. For callers that need fields beyond the
+        text (token ids, logprobs): :class:`~zsearch_cli.models.remote.RemoteBackend`."""
+        body = {"model": self.model, **body}
+        url = url or self.url
+
+        def once() -> dict[str, Any]:
+            resp = self._send("POST", url, body)
+            try:
+                answer = resp.json()
+            except ValueError:
+                raise PermanentError(f"not JSON: {resp.text[:200]!r}") from None
+            if not isinstance(answer, dict):
+                raise PermanentError(f"not a JSON object: {resp.text[:200]!r}")
+            return answer
+
+        return self._retried(url, once)
+
+    def map(self, call: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+        """``[call(item) for item in items]`` with at most ``concurrency`` calls in flight,
+        in order. The first failure raises; items no worker has picked up by then are never
+        sent."""
+        if not items:
+            return []
+        _ = self.model  # resolve the name once, before the threads start
+        pool = ThreadPoolExecutor(max_workers=min(self.concurrency, len(items)), thread_name_prefix="zsearch-llm")
         try:
-            futures = [pool.submit(self.complete_one, p, max_tokens, temperature, top_p=top_p, seed=s, stop=stop,
-                                   system=system) for p, s in zip(prompts, per_prompt)]
+            futures = [pool.submit(call, item) for item in items]
             return [f.result() for f in futures]
         finally:
             pool.shutdown(wait=True, cancel_futures=True)

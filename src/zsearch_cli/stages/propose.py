@@ -163,6 +163,9 @@ class GenerateOptions:
     """Proposer: HF id, local path, checkpoint, or the smollm2 alias."""
     solver_model: str | None = None
     """Solver that measures difficulty; default: the same model as the proposer."""
+    solver_url: str | None = None
+    """An OpenAI-compatible server (``http://host:port/v1``) the solver answers from;
+    ``solver_model`` then names its tokenizer."""
     index: str = "runs/index"
     """Index directory: seed passages come from its corpus; searches go to it unless --search is http."""
     search: str = "bm25"
@@ -192,12 +195,16 @@ def make_engines(opts: Any) -> tuple[RolloutEngine, RolloutEngine, Any]:
     from zsearch_cli.rollout.engine import RolloutConfig
     from zsearch_cli.rollout.protocols import ToolCallProtocol
     from zsearch_cli.search.factory import make_search_backend
+    from zsearch_cli.stages.propose_train import solver_backend
 
     index = load_index(opts.index)
     search = make_search_backend(opts.search, index_dir=opts.index)
     proposer = load_backend(opts.model, backend=opts.backend, device=opts.device)
-    same = opts.solver_model in (None, opts.model)
-    solver = proposer if same else load_backend(opts.solver_model, backend=opts.backend, device=opts.device)
+    if opts.solver_url or opts.solver_model not in (None, opts.model):
+        solver = solver_backend(opts.solver_model or opts.model, opts.solver_url, backend=opts.backend,
+                                device=opts.device)
+    else:
+        solver = proposer  # the same weights: share the loaded model
     cfg = dict(max_turns=opts.max_turns, max_turn_tokens=opts.max_turn_tokens, max_obs_tokens=opts.max_obs_tokens,
                max_context_tokens=opts.max_context_tokens, topk=opts.topk, temperature=opts.temperature, seed=opts.seed)
     return (RolloutEngine(proposer, ToolCallProtocol(), search, RolloutConfig(**cfg)),

@@ -18,7 +18,8 @@ ratio clipping and β = 0 (``algos/hrpo.py``), loss-masked tool responses (the e
 checkpoints and ``--resume``, metrics, LoRA, accelerate — is the trainer's.
 
 The solver is a separate frozen model loaded from ``--solver-model`` (default: the
-proposer's starting weights). It must not be the training policy: with the HF backend the
+proposer's starting weights), or an OpenAI-compatible server (``--solver-url``, e.g.
+``vllm serve`` on its own GPU; :class:`~zsearch_cli.models.remote.RemoteBackend`). It must not be the training policy: with the HF backend the
 trainer generates with the very policy object it updates, so sharing it would make the
 reward move with every proposer update.
 """
@@ -122,14 +123,26 @@ class ProposerReward:
         return proposer_metrics(scored, self.n_solver)
 
 
-def solver_engine(solver_model: str, cfg: Any, search: Any, device: str) -> RolloutEngine:
-    """The frozen solver: its own model copy, the tool-call protocol (Figure 6 prompt), the
-    run's turn limits, and a sampling seed apart from the proposer's."""
-    from zsearch_cli.models.loading import load_backend
+def solver_backend(solver_model: str, solver_url: str | None, *, backend: str, device: str,
+                   dtype: str = "auto") -> Any:
+    """The solver's generation backend: an OpenAI-compatible server at ``solver_url``
+    (``solver_model`` then only names its tokenizer), else its own in-process model copy."""
+    from zsearch_cli.models.loading import load_backend, load_tokenizer
+
+    if solver_url:
+        from zsearch_cli.models.remote import RemoteBackend
+
+        return RemoteBackend(solver_url, load_tokenizer(solver_model))
+    return load_backend(solver_model, backend=backend, device=device, dtype=dtype)
+
+
+def solver_engine(solver_model: str, cfg: Any, search: Any, device: str, solver_url: str | None = None) -> RolloutEngine:
+    """The frozen solver: its own model copy (or a server), the tool-call protocol (Figure 6
+    prompt), the run's turn limits, and a sampling seed apart from the proposer's."""
     from zsearch_cli.rollout.engine import RolloutConfig
     from zsearch_cli.rollout.protocols import ToolCallProtocol
 
-    backend = load_backend(solver_model, backend=cfg.backend, device=device, dtype=cfg.dtype)
+    backend = solver_backend(solver_model, solver_url, backend=cfg.backend, device=device, dtype=cfg.dtype)
     rcfg = RolloutConfig(max_turns=cfg.max_turns, max_turn_tokens=cfg.max_turn_tokens,
                          max_obs_tokens=cfg.max_obs_tokens, max_context_tokens=cfg.max_context_tokens,
                          topk=cfg.topk, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed + 1)
@@ -154,13 +167,14 @@ def _write_stage_file(out: Path, options: dict[str, Any]) -> None:
     os.replace(tmp, out / STAGE_FILE)
 
 
-def train_proposer(cfg: Any, *, solver_model: str | None = None, solver_samples: int = 5,
-                   hop_ratio: str = "4:3:2:1", console: Any = None) -> Path:
+def train_proposer(cfg: Any, *, solver_model: str | None = None, solver_url: str | None = None,
+                   solver_samples: int = 5, hop_ratio: str = "4:3:2:1", console: Any = None) -> Path:
     """Train the proposer with HRPO for ``cfg.steps`` steps; returns OUT/final.
 
     ``cfg`` is a :class:`~zsearch_cli.train.config.TrainConfig` with ``algo='hrpo'`` and the
     tool-call protocol (``TrainConfig.from_preset('drzero-proposer', ...)``); its
-    ``batch_size`` is the number of proposer prompts per step."""
+    ``batch_size`` is the number of proposer prompts per step. With ``solver_url`` the solver
+    answers from that OpenAI-compatible server (``solver_model`` names its tokenizer)."""
     from zsearch_cli.models.loading import load_tokenizer
     from zsearch_cli.retrieval.index import load_index
     from zsearch_cli.search.factory import make_search_backend
@@ -169,14 +183,16 @@ def train_proposer(cfg: Any, *, solver_model: str | None = None, solver_samples:
     if cfg.algo != "hrpo" or cfg.protocol != "tool_call":
         raise ZsearchError(f"proposer training runs --algo hrpo with the tool_call protocol, got "
                            f"--algo {cfg.algo} --protocol {cfg.protocol}")
-    stage = {"solver_model": solver_model or cfg.model, "solver_samples": solver_samples, "hop_ratio": hop_ratio}
+    stage = {"solver_model": solver_model or cfg.model, "solver_url": solver_url or None,
+             "solver_samples": solver_samples, "hop_ratio": hop_ratio}
     _check_stage_file(Path(cfg.out), stage, cfg.resume)
     index_dir = cfg.index or Path("runs/index")
     data = ProposerData(load_index(index_dir), cfg.batch_size, hop_ratio, cfg.seed, load_tokenizer(cfg.model))
     reward = ProposerReward(data, solver_samples)
     search = make_search_backend(cfg.search, index_dir=index_dir)
     trainer = Trainer(cfg, search=search, data=data, batch_reward_fn=reward, console=console)
-    reward.solver = solver_engine(stage["solver_model"], cfg, search, str(trainer.accelerator.device))
+    reward.solver = solver_engine(stage["solver_model"], cfg, search, str(trainer.accelerator.device),
+                                  solver_url=stage["solver_url"])
     if trainer.accelerator.is_main_process:
         _write_stage_file(Path(cfg.out), stage)
     return trainer.train()
