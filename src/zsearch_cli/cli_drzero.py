@@ -12,6 +12,7 @@ from typing import Optional
 
 import typer
 
+from zsearch_cli import cli_options as opt
 from zsearch_cli.config import ConfigOption, resolved_options, stage
 
 
@@ -44,14 +45,14 @@ def propose(
     lora_alpha: int = typer.Option(16, help="Training: LoRA alpha."),
     lora_targets: str = typer.Option("q_proj,k_proj,v_proj,o_proj", help="Training: modules that get LoRA adapters."),
     gradient_checkpointing: bool = typer.Option(False, help="Training: trade compute for memory."),
-    topk: int = typer.Option(3, help="Passages per search."),
+    topk: int = opt.TOPK,
     max_turns: int = typer.Option(5, help="Turns before the final no-search turn."),
     max_turn_tokens: int = typer.Option(512, help="New tokens per turn."),
     max_obs_tokens: int = typer.Option(512, help="Tokens per tool response."),
     max_context_tokens: int = typer.Option(4096, help="Prompt + response budget."),
     temperature: float = typer.Option(1.0, help="Sampling temperature for proposer and solver."),
-    backend: str = typer.Option("auto", help="hf, vllm or auto."),
-    device: str = typer.Option("auto", help="auto, cpu or cuda."),
+    backend: str = opt.BACKEND,
+    device: str = opt.DEVICE,
     dtype: str = typer.Option("auto", help="Training: auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16."),
     save_every: int = typer.Option(10, help="Training: checkpoint every N steps (0 = final only)."),
     keep_checkpoints: int = typer.Option(2, help="Training: checkpoints to keep."),
@@ -112,12 +113,12 @@ def solve(
     lr: float = typer.Option(1e-6, help="Learning rate [preset: 1e-6]."),
     beta: Optional[float] = typer.Option(None, help="KL weight to the reference [GRPO: 0.001; Dr. Zero: 0 to 0.001]."),
     micro_batch_size: int = typer.Option(8, help="Sequences per forward/backward."),
-    max_grad_norm: float = typer.Option(1.0, help="Gradient-norm clip (0 = off)."),
+    max_grad_norm: float = opt.MAX_GRAD_NORM,
     warmup_ratio: float = typer.Option(0.03, help="Fraction of steps with linear warmup [preset: 0.03]."),
-    lora_r: int = typer.Option(0, help="LoRA rank (0 = full fine-tune)."),
-    lora_alpha: int = typer.Option(16, help="LoRA alpha."),
-    lora_targets: str = typer.Option("q_proj,k_proj,v_proj,o_proj", help="Modules that get LoRA adapters."),
-    gradient_checkpointing: bool = typer.Option(False, help="Trade compute for memory in the update."),
+    lora_r: int = opt.LORA_R,
+    lora_alpha: int = opt.LORA_ALPHA,
+    lora_targets: str = opt.LORA_TARGETS,
+    gradient_checkpointing: bool = opt.GRADIENT_CHECKPOINTING,
     search: str = typer.Option("bm25", help="bm25, dense, hybrid, http://host:port, serpapi."),
     index_dir: Optional[Path] = typer.Option(None, "--index", help="Index directory for in-process search [runs/index]."),
     topk: int = typer.Option(3, help="Passages per search [preset: 3]."),
@@ -126,14 +127,14 @@ def solve(
     max_obs_tokens: int = typer.Option(512, help="Tokens per tool response [preset: 512]."),
     max_context_tokens: int = typer.Option(3072, help="Prompt + response budget [preset: 3072]."),
     temperature: float = typer.Option(1.0, help="Sampling temperature."),
-    backend: str = typer.Option("auto", help="hf, vllm or auto."),
-    device: str = typer.Option("auto", help="auto, cpu or cuda."),
-    dtype: str = typer.Option("auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16."),
+    backend: str = opt.BACKEND,
+    device: str = opt.DEVICE,
+    dtype: str = opt.DTYPE,
     save_every: int = typer.Option(50, help="Checkpoint every N steps (0 = final only)."),
-    keep_checkpoints: int = typer.Option(2, help="Checkpoints to keep."),
-    resume: bool = typer.Option(False, help="Continue from the latest checkpoint in --out."),
-    save_rollouts: bool = typer.Option(False, help="Write OUT/rollouts/step-N.parquet every step."),
-    report_to: str = typer.Option("none", help="none, tensorboard or wandb."),
+    keep_checkpoints: int = opt.KEEP_CHECKPOINTS,
+    resume: bool = opt.RESUME,
+    save_rollouts: bool = opt.SAVE_ROLLOUTS,
+    report_to: str = opt.REPORT_TO,
     config: Optional[Path] = ConfigOption,
 ) -> None:
     """Dr. Zero solver: GRPO (G=5, EM, tool calls, Figure 6 prompt) on a proposer-generated QA set.
@@ -167,7 +168,7 @@ def drzero(
     lora_r: int = typer.Option(0, help="LoRA rank for both (0 = full fine-tune)."),
     index_dir: Path = typer.Option(Path("runs/index"), "--index", help="Index: seed passages and in-process search."),
     search: str = typer.Option("bm25", help="bm25, dense, hybrid, http://host:port or serpapi."),
-    topk: int = typer.Option(3, help="Passages per search."),
+    topk: int = opt.TOPK,
     max_turns: int = typer.Option(5, help="Turns before the final no-search turn."),
     max_turn_tokens: int = typer.Option(512, help="New tokens per turn."),
     max_obs_tokens: int = typer.Option(512, help="Tokens per tool response."),
@@ -178,9 +179,9 @@ def drzero(
     eval_datasets: str = typer.Option("", help="Evaluate each iteration's solver on these (as `eval --datasets`); empty = no eval."),
     eval_data_dir: Path = typer.Option(Path("data"), help="Benchmark files for --eval-datasets (FlashRAG layout)."),
     eval_limit: Optional[int] = typer.Option(None, help="Only the first N examples of each eval dataset."),
-    backend: str = typer.Option("auto", help="hf, vllm or auto."),
-    device: str = typer.Option("auto", help="auto, cpu or cuda."),
-    dtype: str = typer.Option("auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16."),
+    backend: str = opt.BACKEND,
+    device: str = opt.DEVICE,
+    dtype: str = opt.DTYPE,
     config: Optional[Path] = ConfigOption,
 ) -> None:
     """Dr. Zero self-evolution: per iteration propose-train, generate, solve-train (, eval); resumable.
