@@ -161,6 +161,10 @@ class Protocol(ABC):
     def build_prompt(self, question: str) -> str:
         """The user-message content for ``question``."""
 
+    @abstractmethod
+    def render_search(self, queries: Sequence[str]) -> str:
+        """The action text of a search for ``queries`` (what a well-formed turn ends with)."""
+
     def assistant_segments(self, response: str) -> list[str]:
         """``response`` (all turns plus inserted observations) split into the model's own
         turns, observations removed. A trailing unclosed observation is dropped too."""
@@ -208,6 +212,9 @@ class TagsProtocol(Protocol):
             "\n\n<information>No more searches are allowed. I must now give the final answer "
             "between <answer> and </answer>.</information>\n\n"
         )
+
+    def render_search(self, queries: Sequence[str]) -> str:
+        return f"<search> {queries[0]} </search>"  # Search-R1 issues one query per turn
 
     def build_prompt(self, question: str) -> str:
         """As Search-R1's data scripts do: strip, end with '?', fill the template."""
@@ -314,6 +321,10 @@ class ToolCallProtocol(Protocol):
         """Our text (see :meth:`TagsProtocol.render_no_search_left`)."""
         msg = "No more searches are allowed. Give the final answer between <answer> and </answer>."
         return _tool_response(json.dumps({"result": msg}, ensure_ascii=False))
+
+    def render_search(self, queries: Sequence[str]) -> str:
+        call = {"name": "search", "arguments": {"query_list": list(queries)}}
+        return f"<tool_call> {json.dumps(call, ensure_ascii=False)} </tool_call>"
 
     def build_prompt(self, question: str) -> str:
         """Figure 6; Dr. Zero strips the question and adds nothing."""

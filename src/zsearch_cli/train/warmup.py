@@ -1,0 +1,135 @@
+"""Format warm-up data: gold "teacher" trajectories over a QA file, for ``zsearch sft``.
+
+Why: the papers start RL from models that already follow the action format (Qwen2.5
+instruct/base at 3B+). A small model such as the bundled SmolLM2-135M answers in prose,
+never writes ``<answer>``, so every reward is 0, every DSPO group is uniform and RL has
+nothing to learn from. A short SFT on trajectories in the right format fixes that.
+
+Each trajectory is played through the real :class:`~zsearch_cli.rollout.engine.RolloutEngine`
+by :class:`TeacherBackend`, so prompts, observations (real search results from the chosen
+backend, cut to the same budget) and the loss mask are exactly what a rollout produces:
+
+1. ``<think> …plan… </think>`` and a search for the question itself;
+2. after the results, ``<think> …</think>`` and ``<answer> GOLD </answer>``, GOLD being the
+   row's first golden answer.
+
+The data teaches the format, not the task: the answer is given whether or not the results
+contain it. Keep the warm-up short (tens of steps) and let RL do the rest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from zsearch_cli.errors import ZsearchError
+from zsearch_cli.models.base import GenerationOutput, SamplingParams
+from zsearch_cli.rollout.engine import QARow, RolloutConfig, RolloutEngine
+
+SEARCH_THOUGHT = "<think> I need to look this up. </think>\n"
+ANSWER_THOUGHT = "<think> The search results answer the question. </think>\n"
+
+
+class TeacherBackend:
+    """Plays the two teacher turns for each known prompt: a search for the question, then
+    the gold answer. A prompt is recognized by its token-id prefix (the row's encoded
+    prompt), never by decoding text."""
+
+    def __init__(self, tokenizer: Any, protocol: Any, prompts: dict[tuple[int, ...], QARow]):
+        self.tokenizer = tokenizer
+        self.protocol = protocol
+        self.prompts = prompts
+        self.turns_played: dict[str, int] = {}
+
+    def _row(self, ids: Sequence[int]) -> QARow:
+        for prompt, row in self.prompts.items():
+            if tuple(ids[: len(prompt)]) == prompt:
+                return row
+        raise ZsearchError("teacher: a prompt it was not built for")  # an engine bug, not user input
+
+    def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                 stop: Sequence[str] = ()) -> list[GenerationOutput]:
+        outs = []
+        for ids in prompts:
+            row = self._row(ids)
+            turn = self.turns_played.get(row.id, 0)
+            self.turns_played[row.id] = turn + 1
+            if turn == 0:
+                text = SEARCH_THOUGHT + self.protocol.render_search([row.question.strip()])
+            else:
+                text = f"{ANSWER_THOUGHT}<answer> {row.golden_answers[0]} </answer>"
+            token_ids = self.tokenizer.encode(text, add_special_tokens=False)
+            stopped = next((s for s in stop if text.endswith(s)), None)
+            outs.append(GenerationOutput(token_ids, [0.0] * len(token_ids), "stop" if stopped else "eos",
+                                         stop_string=stopped))
+        return outs
+
+
+@dataclass
+class WarmupOptions:
+    """``zsearch warmup-data``: teacher trajectories over a QA file."""
+
+    qa: str
+    """QA file (jsonl or Parquet) whose questions and first gold answers are played."""
+    out: str = "runs/warmup/trajectories.parquet"
+    """TRAJECTORY Parquet to write (input of ``zsearch sft``)."""
+    model: str = "smollm2"
+    """Whose tokenizer and chat template the trajectories use: the model you will warm up."""
+    protocol: str = "tags"
+    """tags (Search-R1) or tool_call (Dr. Zero)."""
+    search: str = "bm25"
+    """Search backend for the real results in the observations."""
+    index: str = "runs/index"
+    """Index directory for in-process search."""
+    topk: int = 3
+    """Passages per search."""
+    max_obs_tokens: int = 500
+    """Tokens per observation (whole passages are cut, as in rollouts)."""
+    max_context_tokens: int = 4096
+    """Prompt + response budget."""
+    limit: int | None = None
+    """Use the first N questions only."""
+
+
+def teacher_trajectories(rows: Sequence[QARow], tokenizer: Any, protocol: Any, search: Any,
+                         config: RolloutConfig) -> list[dict[str, Any]]:
+    """One teacher trajectory per row (see the module docstring); rows without a gold
+    answer are an error."""
+    for row in rows:
+        if not row.golden_answers or not str(row.golden_answers[0]).strip():
+            raise ZsearchError(f"row {row.id!r}: no golden answer to teach")
+    teacher = TeacherBackend(tokenizer, protocol, {})
+    engine = RolloutEngine(teacher, protocol, search, replace(config, max_turns=1))  # search, then answer
+    teacher.prompts = {tuple(engine.encode_prompt(row)): row for row in rows}
+    return engine.rollout(list(rows))
+
+
+def build_warmup_data(opts: WarmupOptions, config: dict[str, Any]) -> Path:
+    """Write the teacher trajectories of ``opts.qa`` to ``opts.out``; returns the path."""
+    from rich.console import Console
+
+    from zsearch_cli.data.qa import load_qa
+    from zsearch_cli.models.loading import load_tokenizer
+    from zsearch_cli.rollout.protocols import get_protocol
+    from zsearch_cli.schemas import TRAJECTORY, write_artifact
+    from zsearch_cli.search.factory import make_search_backend
+
+    try:
+        protocol = get_protocol(opts.protocol)
+    except ValueError as err:
+        raise ZsearchError(str(err)) from None
+    table = load_qa(opts.qa)
+    rows = [QARow(r["id"], r["question"], list(r["golden_answers"])) for r in table.to_pylist()[: opts.limit]]
+    if not rows:
+        raise ZsearchError(f"{opts.qa}: no questions")
+    search = make_search_backend(opts.search, index_dir=opts.index)
+    cfg = RolloutConfig(topk=opts.topk, max_obs_tokens=opts.max_obs_tokens,
+                        max_context_tokens=opts.max_context_tokens)
+    trajs = teacher_trajectories(rows, load_tokenizer(opts.model), protocol, search, cfg)
+    answered = sum(t["prediction"] is not None for t in trajs)
+    out = Path(opts.out)
+    write_artifact(trajs, out, TRAJECTORY, config)
+    Console(stderr=True).print(f"wrote {len(trajs)} teacher trajectories ({answered} end in an answer) to {out}; "
+                               f"next: zsearch sft {out} --model {opts.model}")
+    return out
