@@ -182,12 +182,13 @@ def _data(n: int, batch: int):
     return TrainData([QARow(f"q{i}", f"question {i}?", ["yes"]) for i in range(n)], batch, seed=0)
 
 
-def _collect(engine, data, **cfg):
+def _collect(engine, data, shard=(0, 1), all_counts=None, **cfg):
     from zsearch_cli.train.collect import collect
     from zsearch_cli.train.config import get_spec
 
     tc = TrainConfig(algo="dspo", group_size=2, batch_size=data.batch_size, reward="subem", **cfg)
-    return collect(engine, data, get_spec("dspo"), algo_config(tc), step=3, metric="subem", protocol="tags")
+    return collect(engine, data, get_spec("dspo"), algo_config(tc), step=3, metric="subem", protocol="tags",
+                   shard=shard, all_counts=all_counts)
 
 
 def test_dspo_filter_stops_at_max_gen_batches_and_says_so():
@@ -213,3 +214,26 @@ def test_dspo_filter_collects_until_b_mixed_groups():
     assert all(t["kept"] == (t["group_id"] in kept) for t in got.trajs)
     assert got.kept_groups / got.total_groups == pytest.approx(4 / (4 * got.gen_batches))
     assert data.state() == {"epoch": 0, "position": 4 * got.gen_batches}
+
+
+def test_dspo_filter_agrees_across_processes():
+    # Process 0 of 2, batch 8: its share is 4 mixed groups of its 4 rows per batch. Every
+    # one of its rows is mixed, so alone it would stop after one batch with 4 groups. The
+    # other process reports 1 kept group after the first batch and 3 after the second: all
+    # processes go on until *every* one has its share or the budget is spent (here 2
+    # batches), then each trains on the smallest share, 3 groups, so all run the same
+    # number of backward passes and draw the same number of batches.
+    answers = {f"q{i}": ["yes", "no"] for i in range(16)}
+    others = iter([1, 3])
+    seen: list[int] = []
+
+    def all_counts(n: int) -> list[int]:
+        seen.append(n)
+        return [n, next(others)]
+
+    data = _data(16, 8)
+    got = _collect(FakeEngine(answers), data, shard=(0, 2), all_counts=all_counts, max_gen_batches=2)
+    assert seen == [4, 8] and got.gen_batches == 2  # it had 4 after batch 1, yet sampled again
+    assert got.kept_groups == 3 == len({t["group_id"] for t in got.train})
+    assert "kept 3/4 mixed groups after 2/2 generation batches" in got.notes[0]
+    assert data.state() == {"epoch": 0, "position": 16}  # both batches of 8 drawn, as on the other process

@@ -4,14 +4,34 @@ A checkpoint is an HF model folder (full weights as safetensors, or a peft adapt
 
 - ``optimizer.pt``, ``scheduler.pt``; PPO adds ``critic.safetensors`` (its trainable
   weights: everything, or LoRA + value head), ``critic_optimizer.pt``, ``critic_scheduler.pt``;
-- ``rng.pt``: torch's CPU (and CUDA) generator states;
+- ``rng.pt``: torch's CPU (and CUDA) generator states (of process 0); with several
+  processes ``ranks.pt`` holds every process's python, numpy and torch states and data
+  cursor, and each process restores its own;
 - ``trainer_state.json``: step, the data cursor, python and numpy RNG states, the sampling
-  seed, the resolved config and every metric row so far.
+  seed, the resolved config, how the run was distributed and every metric row so far.
 
 Writes are atomic: everything goes into a hidden temp folder that is renamed to
 ``step-N`` only when complete, so a process killed mid-save leaves no half checkpoint
 (a stale ``.step-N.tmp-*`` folder is ignored and removed by the next save). Only the newest
 ``keep`` checkpoints are kept.
+
+Several processes (``accelerate launch``): every process calls :func:`save_checkpoint`,
+because under FSDP and DeepSpeed ZeRO-3 each holds only a shard of the weights and of the
+optimizer state, and gathering them is a collective; the main process alone writes, and all
+wait at a barrier until the folder exists. What a checkpoint holds per distribution:
+
+- one process or DDP: everything above; ``--resume`` continues exactly.
+- FSDP (1 or 2): the full weights and the full optimizer state, gathered to the main process
+  (``get_optimizer_state_dict(full_state_dict=True)``, keyed by parameter name) and sharded
+  again on resume, with any number of processes.
+- DeepSpeed: the weights consolidated by ``zero3_save_16bit_model`` (16-bit under bf16), and
+  as optimizer state every process's ZeRO partition (fp32 master weights and Adam moments),
+  gathered to the main process: ``--resume`` restores each process's own partition, so it
+  needs DeepSpeed with the same number of processes (DeepSpeed's own rule for its "rigid"
+  checkpoints).
+
+A resume under another distribution than the checkpoint's is refused with one line: the
+optimizer layouts differ (parameter index, parameter name, ZeRO partitions).
 """
 
 from __future__ import annotations
@@ -28,7 +48,10 @@ from typing import Any
 import numpy as np
 import torch
 
+from zsearch_cli.errors import ZsearchError
+
 STATE_FILE = "trainer_state.json"
+RANKS_FILE = "ranks.pt"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -86,41 +109,192 @@ def atomic_dir(target: Path, write: Any) -> Path:
     return target
 
 
-def save_checkpoint(trainer: Any, completed: int) -> Path:
-    """Write OUT/checkpoints/step-``completed`` for ``trainer`` and prune old ones."""
+# ---------------------------------------------------------------- distributed state
+
+
+def distribution(acc: Any) -> str:
+    """How the prepared models hold their state: ``replicated`` (one process, or DDP: every
+    process has all of it), ``fsdp`` or ``deepspeed`` (sharded over the processes)."""
+    kind = str(getattr(acc.distributed_type, "value", acc.distributed_type)).upper()
+    if kind == "FSDP":
+        return "fsdp"
+    if kind == "DEEPSPEED":
+        return "deepspeed"
+    return "replicated"
+
+
+def check_sharded_saving(acc: Any) -> None:
+    """Refuse at start, not at the first checkpoint, a ZeRO-3 setup whose weights cannot be
+    gathered for saving (accelerate's ``get_state_dict`` needs the 16-bit gather)."""
+    if distribution(acc) != "deepspeed":
+        return
+    zero = acc.state.deepspeed_plugin.deepspeed_config.get("zero_optimization", {})
+    if zero.get("stage") == 3 and not zero.get("stage3_gather_16bit_weights_on_model_save"):
+        raise ZsearchError("DeepSpeed ZeRO-3 without zero3_save_16bit_model: true (stage3_gather_16bit_weights_"
+                           "on_model_save) cannot save the model; set it in the accelerate config")
+
+
+def full_model_state(acc: Any, model: Any) -> dict[str, torch.Tensor] | None:
+    """The whole model's state dict on the main process, None on the others. A collective
+    under FSDP and ZeRO-3 (the shards are gathered): call it on every process."""
+    state = acc.get_state_dict(model)
+    return state if acc.is_main_process else None
+
+
+def _raw_optimizer(optimizer: Any) -> Any:
+    return getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer wraps it
+
+
+def _to_cpu(obj: Any) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(_to_cpu(v) for v in obj)
+    return obj
+
+
+def _gather_to_main(acc: Any, obj: Any) -> list[Any] | None:
+    """Every process's ``obj``, in rank order, on the main process only (None elsewhere)."""
+    if acc.num_processes == 1:
+        return [obj]
+    import torch.distributed as dist
+
+    parts: list[Any] | None = [None] * acc.num_processes if acc.is_main_process else None
+    dist.gather_object(_to_cpu(obj), parts, dst=0)
+    return parts
+
+
+def full_optimizer_state(acc: Any, model: Any, optimizer: Any) -> dict[str, Any] | None:
+    """The optimizer state to save, on the main process (None elsewhere). A collective under
+    FSDP and DeepSpeed: call it on every process."""
+    kind = distribution(acc)
+    if kind == "fsdp":
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # full on rank 0, empty elsewhere
+        state = get_optimizer_state_dict(model, _raw_optimizer(optimizer), options=options)
+        return state if acc.is_main_process else None
+    if kind == "deepspeed":
+        # the ZeRO optimizer's state_dict() is this process's partition only
+        parts = _gather_to_main(acc, _raw_optimizer(optimizer).state_dict())
+        return {"zero_partitions": parts} if parts is not None else None
+    return optimizer.state_dict() if acc.is_main_process else None
+
+
+def load_optimizer_state(acc: Any, model: Any, optimizer: Any, path: Path) -> None:
+    """Load what :func:`full_optimizer_state` saved: under FSDP every process reads the full
+    state and keeps its own shard; under DeepSpeed each takes its own ZeRO partition."""
+    kind = distribution(acc)
+    state = torch.load(path, weights_only=kind != "deepspeed")  # ZeRO partitions hold DeepSpeed objects
+    if kind == "fsdp":
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        set_optimizer_state_dict(model, _raw_optimizer(optimizer), state,
+                                 options=StateDictOptions(full_state_dict=True))
+    elif kind == "deepspeed":
+        _raw_optimizer(optimizer).load_state_dict(state["zero_partitions"], load_optimizer_states=True,
+                                                  load_from_fp32_weights=True)
+    else:
+        optimizer.load_state_dict(state)
+
+
+def process_states(acc: Any, data: Any) -> list[dict[str, Any]] | None:
+    """Every process's RNG states and data cursor, in rank order, on the main process (None
+    elsewhere; a collective with several): each process's RNG streams and, under DSPO, how
+    many batches it drew are its own."""
+    json_rng, torch_rng = rng_state()
+    return _gather_to_main(acc, {"rng": json_rng, "torch_rng": torch_rng, "data": data.state()})
+
+
+def restore_process_state(acc: Any, path: Path, state: dict[str, Any], data: Any) -> str | None:
+    """Set this process's generators and data cursor to the ones it saved; returns a note
+    when the number of processes changed (then every process takes process 0's)."""
+    ranks_file = path / RANKS_FILE
+    if ranks_file.is_file():
+        ranks = torch.load(ranks_file, weights_only=True)  # python/numpy states were made plain lists
+        if len(ranks) == acc.num_processes:
+            mine = ranks[acc.process_index]
+            set_rng_state(mine["rng"], mine["torch_rng"])
+            data.load_state(mine["data"])
+            return None
+    set_rng_state(state["rng"], torch.load(path / "rng.pt", weights_only=True))
+    data.load_state(state["data"])
+    saved = state.get("num_processes", 1)
+    if saved != acc.num_processes:
+        return (f"{path.name} was written by {saved} process(es), this run has {acc.num_processes}: "
+                "the resume continues the run but is not bit-identical")
+    return None
+
+
+# ---------------------------------------------------------------- save / load
+
+
+def _gather(trainer: Any) -> dict[str, Any]:
+    """Everything a checkpoint holds that lives in (possibly sharded) models: on every
+    process, in the same order (the gathers are collectives); None on non-main processes."""
+    from zsearch_cli.train.models import trainable_state
+
+    acc = trainer.accelerator
+    parts: dict[str, Any] = {
+        "policy": full_model_state(acc, trainer.policy),
+        "optimizer": full_optimizer_state(acc, trainer.policy, trainer.optimizer),
+        "ranks": process_states(acc, trainer.data),
+    }
+    if trainer.critic is not None:
+        critic = full_model_state(acc, trainer.critic)
+        parts["critic"] = trainable_state(acc.unwrap_model(trainer.critic), critic) if critic is not None else None
+        parts["critic_optimizer"] = full_optimizer_state(acc, trainer.critic, trainer.critic_optimizer)
+    return parts
+
+
+def _write(trainer: Any, parts: dict[str, Any], completed: int, tmp: Path) -> None:
+    """The main process's half of :func:`save_checkpoint`: files into ``tmp``."""
     from safetensors.torch import save_file
 
-    from zsearch_cli.train.models import save_policy, trainable_state
+    from zsearch_cli.train.models import save_policy
 
-    out = Path(trainer.cfg.out)
     acc = trainer.accelerator
+    save_policy(acc.unwrap_model(trainer.policy), trainer.tokenizer, tmp, trainer.cfg.model, parts["policy"])
+    torch.save(parts["optimizer"], tmp / "optimizer.pt")
+    torch.save(trainer.scheduler.state_dict(), tmp / "scheduler.pt")
+    if trainer.critic is not None:
+        save_file(parts["critic"], str(tmp / "critic.safetensors"))
+        torch.save(parts["critic_optimizer"], tmp / "critic_optimizer.pt")
+        torch.save(trainer.critic_scheduler.state_dict(), tmp / "critic_scheduler.pt")
+    main = parts["ranks"][0]
+    torch.save(main["torch_rng"], tmp / "rng.pt")
+    if len(parts["ranks"]) > 1:
+        torch.save(parts["ranks"], tmp / RANKS_FILE)
+    state = {
+        "step": completed,
+        "data": main["data"],
+        "rng": main["rng"],
+        "sampling": {"seed": trainer.cfg.seed, "next_step": completed},
+        "config": trainer.cfg.to_dict(),
+        "distribution": distribution(acc),
+        "num_processes": acc.num_processes,
+        "metrics": trainer.metrics.rows,
+    }
+    (tmp / STATE_FILE).write_text(json.dumps(state, default=str) + "\n")
 
-    def write(tmp: Path) -> None:
-        save_policy(acc.unwrap_model(trainer.policy), trainer.tokenizer, tmp, trainer.cfg.model)
-        torch.save(trainer.optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save(trainer.scheduler.state_dict(), tmp / "scheduler.pt")
-        if trainer.critic is not None:
-            save_file(trainable_state(acc.unwrap_model(trainer.critic)), str(tmp / "critic.safetensors"))
-            torch.save(trainer.critic_optimizer.state_dict(), tmp / "critic_optimizer.pt")
-            torch.save(trainer.critic_scheduler.state_dict(), tmp / "critic_scheduler.pt")
-        json_rng, torch_rng = rng_state()
-        torch.save(torch_rng, tmp / "rng.pt")
-        state = {
-            "step": completed,
-            "data": trainer.data.state(),
-            "rng": json_rng,
-            "sampling": {"seed": trainer.cfg.seed, "next_step": completed},
-            "config": trainer.cfg.to_dict(),
-            "metrics": trainer.metrics.rows,
-        }
-        (tmp / STATE_FILE).write_text(json.dumps(state, default=str) + "\n")
 
+def save_checkpoint(trainer: Any, completed: int) -> Path:
+    """Write OUT/checkpoints/step-``completed`` for ``trainer`` and prune old ones. Call it
+    on every process: all gather, the main process writes, all return once it exists."""
+    acc = trainer.accelerator
+    out = Path(trainer.cfg.out)
     root = out / "checkpoints"
-    for stale in root.glob(".step-*.tmp-*") if root.is_dir() else []:
-        shutil.rmtree(stale, ignore_errors=True)  # left by a process killed mid-save
-    path = atomic_dir(root / f"step-{completed}", write)
-    for _, old in checkpoints(out)[: -trainer.cfg.keep_checkpoints]:
-        shutil.rmtree(old, ignore_errors=True)
+    path = root / f"step-{completed}"
+    parts = _gather(trainer)
+    if acc.is_main_process:
+        for stale in root.glob(".step-*.tmp-*") if root.is_dir() else []:
+            shutil.rmtree(stale, ignore_errors=True)  # left by a process killed mid-save
+        atomic_dir(path, lambda tmp: _write(trainer, parts, completed, tmp))
+        for _, old in checkpoints(out)[: -trainer.cfg.keep_checkpoints]:
+            shutil.rmtree(old, ignore_errors=True)
+    acc.wait_for_everyone()  # no process goes on (or reads the folder) before it is complete
     return path
 
 
@@ -128,21 +302,31 @@ def read_state(path: Path) -> dict[str, Any]:
     return json.loads((path / STATE_FILE).read_text())
 
 
-def load_training_state(trainer: Any, path: Path) -> dict[str, Any]:
-    """Restore optimizer(s), scheduler(s), critic, RNGs and the data cursor from ``path``
-    (the policy weights were already loaded from it); returns the trainer state dict."""
-    from safetensors.torch import load_file
+def check_resumable(path: Path, acc: Any) -> None:
+    """One-line refusal of a resume this launch cannot continue (see the module docstring)."""
+    state = read_state(path)
+    saved, now = state.get("distribution", "replicated"), distribution(acc)
+    if saved != now:
+        raise ZsearchError(f"--resume: {path} was written under {saved}, this launch is {now}: their optimizer "
+                           "states differ; launch it as it was written (or start a new run from its weights)")
+    processes = state.get("num_processes", 1)
+    if now == "deepspeed" and processes != acc.num_processes:
+        raise ZsearchError(f"--resume: {path} holds DeepSpeed ZeRO partitions of {processes} processes, this launch "
+                           f"has {acc.num_processes}: launch it with {processes}")
 
+
+def load_training_state(trainer: Any, path: Path) -> dict[str, Any]:
+    """Restore optimizer(s), scheduler(s), RNGs and the data cursor(s) from ``path`` on every
+    process (the policy and critic weights were loaded from it before ``prepare``); returns
+    the trainer state dict."""
     state = read_state(path)
     acc = trainer.accelerator
-    trainer.optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=True))
+    load_optimizer_state(acc, trainer.policy, trainer.optimizer, path / "optimizer.pt")
     trainer.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
     if trainer.critic is not None:
-        missing = acc.unwrap_model(trainer.critic).load_state_dict(load_file(str(path / "critic.safetensors")), strict=False)
-        if missing.unexpected_keys:
-            raise RuntimeError(f"{path}: critic checkpoint has unknown weights {missing.unexpected_keys[:3]}")
-        trainer.critic_optimizer.load_state_dict(torch.load(path / "critic_optimizer.pt", weights_only=True))
+        load_optimizer_state(acc, trainer.critic, trainer.critic_optimizer, path / "critic_optimizer.pt")
         trainer.critic_scheduler.load_state_dict(torch.load(path / "critic_scheduler.pt", weights_only=True))
-    set_rng_state(state["rng"], torch.load(path / "rng.pt", weights_only=True))
-    trainer.data.load_state(state["data"])
+    note = restore_process_state(acc, path, state, trainer.data)
+    if note and acc.is_main_process:
+        trainer.console.print(f"[yellow]{note}[/]", soft_wrap=True)
     return state

@@ -78,9 +78,18 @@ def collect(
     reward_fn: RewardFn | None = None,
     shard: tuple[int, int] = (0, 1),
     batch_reward_fn: BatchRewardFn | None = None,
+    all_counts: Callable[[int], list[int]] | None = None,
 ) -> Collected:
     """Generate, score and (DSPO) filter the step's batch. ``shard`` = (rank, world): each
-    process rolls out its slice of every batch; the filter target is split the same way."""
+    process rolls out its slice of every batch; the filter target is split the same way.
+
+    ``all_counts(n)`` returns every process's n (a collective; None with one process). The
+    filter's decisions are taken on them so that all processes agree: another generation
+    batch while *any* process lacks its share of mixed groups, then every process trains on
+    the same number of groups (the smallest share). Why: processes that trained on different
+    numbers of samples would run different numbers of backward passes and hang DDP's
+    gradient all-reduce, and ones that drew different numbers of batches would fall out of
+    step with the data order."""
     from zsearch_cli.algos import filter_mixed_groups, first_groups, need_more
 
     rank, world = shard
@@ -115,16 +124,18 @@ def collect(
             t["kept"] = bool(k)
             if k and t["group_id"] not in kept_groups:
                 kept_groups.append(t["group_id"])
-        if not need_more(len(kept_groups), target, gen, budget):
+        counts = all_counts(len(kept_groups)) if all_counts is not None else [len(kept_groups)]
+        if not need_more(min(counts), target, gen, budget):
             break
     out.gen_batches = gen
     out.reward_metrics = {k: v / weights[k] for k, v in out.reward_metrics.items()}
     if spec.filter_groups:
         kept = [t for t in out.trajs if t["kept"]]
-        if len(kept_groups) > target:  # an over-full last batch: train on exactly B groups
-            for t, k in zip(kept, first_groups([t["group_id"] for t in kept], target).tolist()):
+        share = min(target, *counts)  # the same number of groups on every process
+        if len(kept_groups) > share:  # an over-full last batch: train on exactly the share
+            for t, k in zip(kept, first_groups([t["group_id"] for t in kept], share).tolist()):
                 t["kept"] = bool(k)
-            kept_groups = kept_groups[:target]
+            kept_groups = kept_groups[:share]
         out.kept_groups = len(kept_groups)
         out.tokens_wasted = float(sum(t["policy_tokens"] for t in out.trajs if not t["kept"]))
         if len(kept_groups) < target:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -120,8 +122,10 @@ class Critic(nn.Module):
         return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()
 
 
-def load_critic(cfg: TrainConfig, device: str, dtype: str) -> Critic:
-    """A fresh critic on ``--critic-model`` (default: the policy's starting weights)."""
+def load_critic(cfg: TrainConfig, device: str, dtype: str, resume_dir: Path | None = None) -> Critic:
+    """A fresh critic on ``--critic-model`` (default: the policy's starting weights), with the
+    trainable weights of ``resume_dir/critic.safetensors`` when resuming. They are loaded here,
+    before ``accelerator.prepare``, because afterwards FSDP / ZeRO-3 hold only shards."""
     from transformers import AutoModel
 
     from zsearch_cli.models.loading import resolve_device, resolve_dtype
@@ -142,25 +146,113 @@ def load_critic(cfg: TrainConfig, device: str, dtype: str) -> Critic:
     disable_dropout(backbone)
     critic = Critic(backbone, backbone.config.hidden_size).to(dev)
     critic.value_head.to(torch.float32)
+    if resume_dir is not None:
+        from safetensors.torch import load_file
+
+        found = critic.load_state_dict(load_file(str(resume_dir / "critic.safetensors")), strict=False)
+        if found.unexpected_keys:
+            raise ZsearchError(f"{resume_dir}: critic checkpoint has unknown weights {found.unexpected_keys[:3]}")
     critic.train()
     return critic
 
 
-def trainable_state(module: nn.Module) -> dict[str, torch.Tensor]:
-    """The parameters that train (LoRA + head, or everything), for critic checkpoints."""
-    return {n: p.detach().contiguous() for n, p in module.named_parameters() if p.requires_grad}
+_WRAPPER_PREFIXES = re.compile(r"(_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod)\.")
+"""What FSDP1, activation checkpointing and torch.compile insert into parameter names."""
 
 
-def save_policy(model: Any, tokenizer: Any, path: Path, base: str) -> None:
+def trainable_state(module: nn.Module, state: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The parameters that train (LoRA + head, or everything), for critic checkpoints: taken
+    from ``state`` (a gathered full state dict, as FSDP / ZeRO-3 need) or from ``module``."""
+    names = {_WRAPPER_PREFIXES.sub("", n) for n, p in module.named_parameters() if p.requires_grad}
+    if state is None:
+        state = {_WRAPPER_PREFIXES.sub("", n): p for n, p in module.named_parameters()}
+    return {n: t.detach().contiguous() for n, t in state.items() if n in names}
+
+
+def _without_tied_copies(model: Any, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop the second name of each tied weight (lm_head.weight = embed_tokens.weight): a
+    gathered state dict holds the two as separate tensors, which save_pretrained would write
+    twice instead of recording the tie."""
+    first: dict[int, str] = {}
+    copies = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        name = _WRAPPER_PREFIXES.sub("", name)
+        if first.setdefault(id(param), name) != name:
+            copies.add(name)
+    return {k: v for k, v in state.items() if k not in copies}
+
+
+def save_policy(model: Any, tokenizer: Any, path: Path, base: str,
+                state_dict: dict[str, torch.Tensor] | None = None) -> None:
     """An HF model folder (full weights) or a peft adapter folder whose
-    ``base_model_name_or_path`` is ``base``; both load with ``zsearch eval --model PATH``."""
-    model.save_pretrained(path, safe_serialization=True)
+    ``base_model_name_or_path`` is ``base``; both load with ``zsearch eval --model PATH``.
+
+    ``state_dict``: the full weights gathered by ``accelerator.get_state_dict`` (under FSDP /
+    ZeRO-3 the module itself holds only this process's shard); peft keeps only the adapter
+    weights of it (``get_peft_model_state_dict``)."""
+    if state_dict is not None and not is_peft(model):
+        state_dict = _without_tied_copies(model, state_dict)
+    model.save_pretrained(path, safe_serialization=True, state_dict=state_dict)
     tokenizer.save_pretrained(path)
     if is_peft(model):
         cfg_path = path / "adapter_config.json"
         data = json.loads(cfg_path.read_text())
         data["base_model_name_or_path"] = base_reference(base)
         cfg_path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+@contextlib.contextmanager
+def unsharded_loading(accelerator: Any) -> Iterator[None]:
+    """Load a model that every process holds whole and that ``prepare`` never sees (the
+    frozen reference, the generation copy): outside DeepSpeed's ``zero.Init``, which would
+    partition it, and without FSDP's cpu-ram-efficient loading, which gives every process
+    but the first zeros, expecting ``prepare`` to broadcast the real weights."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    saved = os.environ.pop("FSDP_CPU_RAM_EFFICIENT_LOADING", None)
+    if plugin is not None:
+        from transformers.integrations import unset_hf_deepspeed_config
+
+        # transformers partitions every from_pretrained while accelerate's DeepSpeed config is
+        # registered, whatever zero3_init_flag says (accelerate 1.15 registers it regardless)
+        unset_hf_deepspeed_config()
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = saved
+        if plugin is not None:
+            plugin.set_deepspeed_weakref()
+
+
+def generation_copy(cfg: TrainConfig, accelerator: Any, resume_dir: Path | None) -> Any:
+    """A full, frozen copy of the policy for the HF backend under FSDP / ZeRO-3. Why: there
+    each process holds a shard, and a forward through the sharded model gathers the weights
+    with a collective, so every process would have to run the same forwards in lockstep,
+    while rollouts differ in length, turns and (DSPO) generation batches per process. Costs
+    one full model per process; :func:`sync_generation_copy` refreshes it after each update."""
+    with unsharded_loading(accelerator):
+        model, _ = load_policy(cfg, str(accelerator.device), cfg.dtype, resume_dir)
+    model.requires_grad_(False)
+    model.config.use_cache = True  # generation only
+    return model
+
+
+@torch.no_grad()
+def sync_generation_copy(accelerator: Any, policy: Any, copy: Any) -> None:
+    """Load the sharded ``policy``'s current weights into ``copy`` on every process (a
+    collective: call it on all)."""
+    from zsearch_cli.train.checkpoint import distribution
+
+    if distribution(accelerator) == "deepspeed":
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(policy.parameters())):  # read-only gather
+            copy.load_state_dict(accelerator.unwrap_model(policy).state_dict())
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    # full_state_dict without cpu_offload: every process gets the whole (FSDP1 and FSDP2)
+    copy.load_state_dict(get_model_state_dict(policy, options=StateDictOptions(full_state_dict=True)))
 
 
 @torch.no_grad()

@@ -40,8 +40,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.train.checkpoint import (STATE_FILE, atomic_dir, checkpoints, latest_checkpoint, read_state,
-                                          rng_state, set_rng_state)
+from zsearch_cli.train.checkpoint import (STATE_FILE, atomic_dir, check_sharded_saving, checkpoints,
+                                          full_model_state, full_optimizer_state, latest_checkpoint,
+                                          load_optimizer_state, read_state, rng_state, set_rng_state)
 from zsearch_cli.train.metrics import MetricsLog
 from zsearch_cli.train.models import load_policy, save_policy
 from zsearch_cli.train.optim import make_optimizer
@@ -189,6 +190,7 @@ class SFTTrainer:
         self.cfg = cfg
         self.console = console or Console(stderr=True)
         self.accelerator = acc = Accelerator(cpu=cfg.device == "cpu" or not torch.cuda.is_available())
+        check_sharded_saving(acc)
         resume_dir = self._resume_point()
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
@@ -209,7 +211,7 @@ class SFTTrainer:
         self.start_step = 0
         if resume_dir is not None:
             state = read_state(resume_dir)
-            self.optimizer.load_state_dict(torch.load(resume_dir / "optimizer.pt", weights_only=True))
+            load_optimizer_state(acc, self.policy, self.optimizer, resume_dir / "optimizer.pt")
             self.scheduler.load_state_dict(torch.load(resume_dir / "scheduler.pt", weights_only=True))
             set_rng_state(state["rng"], torch.load(resume_dir / "rng.pt", weights_only=True))
             self.start_step = int(state["step"])
@@ -317,15 +319,18 @@ class SFTTrainer:
     # ------------------------------------------------------------------ saving
 
     def checkpoint(self, completed: int) -> Path | None:
-        """OUT/checkpoints/step-``completed`` (the layout and atomic write of train/checkpoint.py)."""
+        """OUT/checkpoints/step-``completed`` (the layout and atomic write of train/checkpoint.py).
+        Every process calls it (FSDP / ZeRO-3 shards are gathered); the main process writes."""
         acc, cfg = self.accelerator, self.cfg
-        acc.wait_for_everyone()
+        weights = full_model_state(acc, self.policy)
+        optimizer = full_optimizer_state(acc, self.policy, self.optimizer)
         if not acc.is_main_process:
+            acc.wait_for_everyone()
             return None
 
         def write(tmp: Path) -> None:
-            save_policy(acc.unwrap_model(self.policy), self.tokenizer, tmp, cfg.model)
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            save_policy(acc.unwrap_model(self.policy), self.tokenizer, tmp, cfg.model, weights)
+            torch.save(optimizer, tmp / "optimizer.pt")
             torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
             json_rng, torch_rng = rng_state()
             torch.save(torch_rng, tmp / "rng.pt")
@@ -339,6 +344,7 @@ class SFTTrainer:
         path = atomic_dir(root / f"step-{completed}", write)
         for _, old in checkpoints(Path(cfg.out))[: -cfg.keep_checkpoints]:
             shutil.rmtree(old, ignore_errors=True)
+        acc.wait_for_everyone()  # the checkpoint is complete before any process goes on
         return path
 
     def save_final(self) -> Path:
@@ -347,16 +353,17 @@ class SFTTrainer:
         (plus OUT/final/merged with ``merge_lora``)."""
         acc, cfg = self.accelerator, self.cfg
         final = Path(cfg.out) / "final"
-        acc.wait_for_everyone()
+        weights = full_model_state(acc, self.policy)
         if acc.is_main_process:
             model = acc.unwrap_model(self.policy)
             model.config.use_cache = True  # training turned it off; generation wants it
-            atomic_dir(final, lambda tmp: save_policy(model, self.tokenizer, tmp, cfg.model))
+            atomic_dir(final, lambda tmp: save_policy(model, self.tokenizer, tmp, cfg.model, weights))
             model.config.use_cache = False
             if cfg.lora_r > 0 and cfg.merge_lora:
                 from zsearch_cli.models.loading import merged_lora_dir
 
                 merged_lora_dir(str(final))
+        acc.wait_for_everyone()
         return final
 
     # ------------------------------------------------------------------ the loop

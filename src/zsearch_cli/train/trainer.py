@@ -7,8 +7,9 @@ every ``save_every`` steps an exact-resume checkpoint. The algorithm itself live
 ``algos/`` (pure maths); this file only moves tensors between the pieces.
 
 Scale: the model, optimizer, backward, clipping and no_sync go through
-``accelerate.Accelerator``, so ``accelerate launch zsearch train ...`` runs one process per
-device, each rolling out its slice of every batch (single-process CPU is the tested path).
+``accelerate.Accelerator``, so ``accelerate launch -m zsearch_cli.cli train ...`` runs one
+process per device, each rolling out its slice of every batch. Tested on CPU: one process,
+and DDP over 2 processes (gloo); checkpoints gather FSDP / ZeRO-3 shards (checkpoint.py).
 """
 
 from __future__ import annotations
@@ -25,12 +26,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.train.checkpoint import atomic_dir, latest_checkpoint, load_training_state, read_state, save_checkpoint
+from zsearch_cli.train.checkpoint import (atomic_dir, check_resumable, check_sharded_saving, distribution,
+                                          full_model_state, latest_checkpoint, load_training_state, read_state,
+                                          save_checkpoint)
 from zsearch_cli.train.collect import BatchRewardFn, RewardFn, collect
 from zsearch_cli.train.config import TrainConfig, check_config, get_spec, search_options
 from zsearch_cli.train.data import TrainData, load_rows
 from zsearch_cli.train.metrics import MetricsLog, step_metrics
-from zsearch_cli.train.models import load_critic, load_policy, load_reference, merged_weights, save_policy
+from zsearch_cli.train.models import (generation_copy, load_critic, load_policy, load_reference,
+                                      merged_weights, save_policy, sync_generation_copy, unsharded_loading)
 from zsearch_cli.train.optim import make_optimizer
 from zsearch_cli.train.update import StepModels, advantages, optimize, rollout_tensors
 from zsearch_cli.train.validation import Validator
@@ -69,8 +73,9 @@ class Trainer:
 
         device = str(self.accelerator.device)
         self.policy, self.tokenizer = load_policy(cfg, device, cfg.dtype, resume_dir)
-        self.reference = load_reference(cfg, self.policy, device, cfg.dtype, self.spec.needs_reference(self.acfg))
-        self.critic = load_critic(cfg, device, cfg.dtype) if self.spec.needs_critic else None
+        with unsharded_loading(self.accelerator):  # the reference is never prepared: every process holds it whole
+            self.reference = load_reference(cfg, self.policy, device, cfg.dtype, self.spec.needs_reference(self.acfg))
+        self.critic = load_critic(cfg, device, cfg.dtype, resume_dir) if self.spec.needs_critic else None
         sched = (cfg.steps, cfg.warmup_ratio, cfg.lr_schedule, cfg.min_lr_ratio)
         self.optimizer, self.scheduler = make_optimizer(self.policy.parameters(), self.acfg.lr, cfg.weight_decay, *sched)
         self.critic_optimizer = self.critic_scheduler = None
@@ -103,14 +108,14 @@ class Trainer:
             state = load_training_state(self, resume_dir)
             self.start_step = int(state["step"])
             self.metrics.restore(state["metrics"])
-            self.console.print(f"resuming from {resume_dir} (step {self.start_step}/{cfg.steps})", soft_wrap=True)
+            if self.accelerator.is_main_process:
+                self.console.print(f"resuming from {resume_dir} (step {self.start_step}/{cfg.steps})", soft_wrap=True)
         else:
             self.metrics.start_fresh()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.models = StepModels(self.policy, self.reference, self.critic, self.optimizer, self.critic_optimizer,
                                  self.accelerator, int(self.pad_id), self.accelerator.device)
-        if self.uses_vllm:
-            self._sync_vllm()
+        self._sync_generation()
 
     # ------------------------------------------------------------------ setup helpers
 
@@ -122,17 +127,47 @@ class Trainer:
         if self.cfg.report_to != "none":
             kwargs.update(log_with=self.cfg.report_to, project_dir=str(self.cfg.out))
         try:
-            acc = Accelerator(cpu=cpu, **kwargs)
-            if self.cfg.report_to != "none":
-                flat = {k: v for k, v in self.cfg.to_dict().items() if isinstance(v, (int, float, str, bool))}
-                acc.init_trackers("zsearch", config=flat)
-        except (ImportError, ValueError, RuntimeError) as err:
-            raise ZsearchError(f"--report-to {self.cfg.report_to}: {err}") from None
-        if self.cfg.report_to != "none" and acc.is_main_process and not acc.trackers:
-            # accelerate drops a tracker whose package is missing with only a warning
-            raise ZsearchError(f"--report-to {self.cfg.report_to}: the {self.cfg.report_to} package is not "
-                               f"installed (pip install {self.cfg.report_to})")
+            with warnings.catch_warnings():  # a missing tracker package gets its own error below
+                warnings.filterwarnings("ignore", message="`log_with=", category=UserWarning)
+                acc = Accelerator(cpu=cpu, **kwargs)
+        except (ImportError, ValueError, RuntimeError) as err:  # e.g. an accelerate config this machine cannot run
+            raise ZsearchError(f"accelerate: {err}") from None
+        check_sharded_saving(acc)
+        if distribution(acc) == "deepspeed":
+            self._check_deepspeed(acc)
+        self._init_tracker(acc)
         return acc
+
+    def _check_deepspeed(self, acc: Any) -> None:
+        """DeepSpeed runs its optimizer step inside every ``accelerator.backward`` (update.py
+        does not mark accumulation boundaries), so one optimizer step must be one micro-batch."""
+        cfg = self.cfg
+        if self.spec.needs_critic:  # accelerate sends every backward through its last prepared engine
+            raise ZsearchError(f"--algo {cfg.algo} under DeepSpeed: the critic would be a second DeepSpeed engine, "
+                               "which zsearch does not drive; use DDP or FSDP")
+        per_process = cfg.mini_batch_size or -(-cfg.batch_size // acc.num_processes) * self.acfg.group_size
+        if cfg.micro_batch_size < per_process:
+            raise ZsearchError(f"under DeepSpeed every backward is an optimizer step: set --micro-batch-size >= "
+                               f"{per_process} (the mini-batch of one process), got {cfg.micro_batch_size}")
+        plugin = acc.state.deepspeed_plugin
+        if plugin.is_auto("train_micro_batch_size_per_gpu"):
+            # accelerate sizes DeepSpeed's batch from a prepared DataLoader, and zsearch has none
+            plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
+
+    def _init_tracker(self, acc: Any) -> None:
+        """--report-to: accelerate's tracker, on the main process, writing under OUT."""
+        report_to = self.cfg.report_to
+        if report_to == "none":
+            return
+        flat = {k: v for k, v in self.cfg.to_dict().items() if isinstance(v, (int, float, str, bool))}
+        try:
+            acc.init_trackers("zsearch", config=flat)
+        except (ImportError, ValueError, RuntimeError) as err:
+            raise ZsearchError(f"--report-to {report_to}: {err}") from None
+        if acc.is_main_process and not acc.trackers:
+            # accelerate drops a tracker whose package is missing with only a warning
+            raise ZsearchError(f"--report-to {report_to}: the {report_to} package is not installed "
+                               f"(pip install {report_to})")
 
     def _resume_point(self) -> Path | None:
         """The checkpoint to resume from, after checking the options still match it."""
@@ -144,6 +179,7 @@ class Trainer:
         if not self.cfg.resume:
             raise ZsearchError(f"{self.cfg.out} already holds checkpoints (latest {latest.name}): "
                                "pass --resume to continue that run, or choose another --out")
+        check_resumable(latest, self.accelerator)
         saved = read_state(latest)["config"]
         now = self.cfg.to_dict()
         changed = [f"{k}={saved.get(k)!r}->{now[k]!r}" for k in now
@@ -159,20 +195,39 @@ class Trainer:
         kind = self.cfg.backend
         if kind == "auto":
             kind = "vllm" if vllm_available() else "hf"
+        self.generation_copy = None
         if kind == "hf":
             from zsearch_cli.models.hf import HFBackend
 
-            # Shares the policy object: generation always sees the weights being trained.
-            return HFBackend(self.accelerator.unwrap_model(self.policy), self.tokenizer), False
+            if distribution(self.accelerator) == "replicated":
+                # Shares the policy object: generation always sees the weights being trained.
+                return HFBackend(self.accelerator.unwrap_model(self.policy), self.tokenizer), False
+            # FSDP / ZeRO-3: a full copy, refreshed after each update (see generation_copy)
+            self.generation_copy = generation_copy(self.cfg, self.accelerator, resume_dir)
+            return HFBackend(self.generation_copy, self.tokenizer), False
+        if distribution(self.accelerator) != "replicated":
+            raise ZsearchError("--backend vllm under FSDP / ZeRO-3 is not supported yet (the weight sync reads "
+                               "whole tensors); use DDP (stages/accelerate/ddp.yaml) or --backend hf")
         from zsearch_cli.models.vllm import VLLMBackend
 
         start = str(resume_dir) if resume_dir is not None and self.cfg.lora_r == 0 else self.cfg.model
         return VLLMBackend(start, dtype=self.cfg.dtype, seed=self.cfg.seed, tokenizer=self.tokenizer,
                            max_model_len=self.cfg.max_context_tokens), True
 
-    def _sync_vllm(self) -> None:
-        """Push the current policy (LoRA merged) into the vLLM engine. GPU-unverified."""
-        self.generation.update_weights(merged_weights(self.accelerator.unwrap_model(self.policy)))
+    def _all_counts(self, n: int) -> list[int]:
+        """Every process's ``n``, in rank order (a collective)."""
+        from accelerate.utils import gather_object
+
+        return [int(x) for x in gather_object([n])]
+
+    def _sync_generation(self) -> None:
+        """Make the generation backend see the current policy: push it (LoRA merged) into the
+        vLLM engine (GPU-unverified), or into the HF backend's copy under FSDP / ZeRO-3; the
+        HF backend of one process or DDP shares the policy object and needs nothing."""
+        if self.uses_vllm:
+            self.generation.update_weights(merged_weights(self.accelerator.unwrap_model(self.policy)))
+        elif self.generation_copy is not None:
+            sync_generation_copy(self.accelerator, self.policy, self.generation_copy)
 
     # ------------------------------------------------------------------ the loop
 
@@ -185,7 +240,8 @@ class Trainer:
         acc = self.accelerator
         collected = collect(self.engine, self.data, self.spec, self.acfg, step, metric=cfg.reward,
                             protocol=cfg.protocol, format_bonus=cfg.format_bonus, reward_fn=self.reward_fn,
-                            shard=(acc.process_index, acc.num_processes), batch_reward_fn=self.batch_reward_fn)
+                            shard=(acc.process_index, acc.num_processes), batch_reward_fn=self.batch_reward_fn,
+                            all_counts=self._all_counts if acc.num_processes > 1 else None)
         for note in collected.notes:
             self.console.print(f"[yellow]{note}[/]", soft_wrap=True)
         t1 = time.perf_counter()
@@ -200,8 +256,7 @@ class Trainer:
                 t["advantage"] = float(a.float().mean()) if a.numel() else 0.0
             update = optimize(self.models, self.spec, self.acfg, cfg, train, rt, step)
             mismatch = rt["logp_mismatch"]
-            if self.uses_vllm:
-                self._sync_vllm()
+            self._sync_generation()
         lr = self.scheduler.get_last_lr()[0]  # the lr this step's updates used
         critic_lr = self.critic_scheduler.get_last_lr()[0] if self.critic_scheduler is not None else None
         with warnings.catch_warnings():  # a DSPO step with nothing kept steps the lr without an update
@@ -260,22 +315,24 @@ class Trainer:
                 f"len {f('response_length', '.0f')}{kept} | {f('time_step', '.1f')}s "
                 f"(rollout {f('time_rollout', '.1f')} reward {f('time_reward', '.2f')} update {f('time_update', '.1f')})")
 
-    def checkpoint(self, completed: int) -> Path | None:
-        """Save OUT/checkpoints/step-``completed`` (main process) and the Parquet metrics."""
-        self.accelerator.wait_for_everyone()
-        if not self.accelerator.is_main_process:
-            return None
+    def checkpoint(self, completed: int) -> Path:
+        """Save OUT/checkpoints/step-``completed`` and the Parquet metrics. Every process calls
+        it (FSDP / ZeRO-3 shards are gathered); the main process writes."""
         path = save_checkpoint(self, completed)
-        self.metrics.write_parquet()
+        if self.accelerator.is_main_process:
+            self.metrics.write_parquet()
         return path
 
     def save_final(self) -> Path:
-        """OUT/final: an HF model folder (or LoRA adapter) that ``zsearch eval --model`` loads."""
+        """OUT/final: an HF model folder (or LoRA adapter) that ``zsearch eval --model`` loads.
+        Every process calls it: the weights are gathered from all, the main process writes."""
+        acc = self.accelerator
         final = Path(self.cfg.out) / "final"
-        self.accelerator.wait_for_everyone()
-        if self.accelerator.is_main_process:
-            atomic_dir(final, lambda tmp: save_policy(self.accelerator.unwrap_model(self.policy), self.tokenizer,
-                                                      tmp, self.cfg.model))
+        state = full_model_state(acc, self.policy)
+        if acc.is_main_process:
+            atomic_dir(final, lambda tmp: save_policy(acc.unwrap_model(self.policy), self.tokenizer, tmp,
+                                                      self.cfg.model, state))
+        acc.wait_for_everyone()  # OUT/final is complete before any process returns it
         return final
 
     def train(self) -> Path:

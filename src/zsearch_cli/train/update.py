@@ -137,8 +137,6 @@ def optimize(m: StepModels, spec: Any, acfg: Any, cfg: Any, trajs: list[dict[str
     mini = cfg.mini_batch_size or n
     token_level = spec.needs_critic  # PPO's losses are means over the batch's policy tokens
     tokens = [int(sum(t["loss_mask"])) for t in trajs]
-    params = [p for p in m.policy.parameters() if p.requires_grad]
-    critic_params = [p for p in m.critic.parameters() if p.requires_grad] if m.critic is not None else []
     clip = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
     sums: dict[str, float] = {}
     updates = 0
@@ -155,16 +153,22 @@ def optimize(m: StepModels, spec: Any, acfg: Any, cfg: Any, trajs: list[dict[str
             for j, micro in enumerate(micros):
                 weight = (sum(tokens[i] for i in micro) if token_level else len(micro)) / denom
                 _micro_step(m, spec, acfg, cfg, trajs, rt, micro, weight, stats, last=j == len(micros) - 1)
-            grad_norm = m.accelerator.clip_grad_norm_(params, clip)
+            # The parameter lists are taken after the backward, not once per step: FSDP2 swaps
+            # unsharded tensors in and out around forwards, so an earlier list can be stale.
+            grad_norm = m.accelerator.clip_grad_norm_(_trainable(m.policy), clip)
             stats["grad_norm"] = float(grad_norm)
             m.optimizer.step()
             if m.critic is not None:
-                stats["critic_grad_norm"] = float(m.accelerator.clip_grad_norm_(critic_params, clip))
+                stats["critic_grad_norm"] = float(m.accelerator.clip_grad_norm_(_trainable(m.critic), clip))
                 m.critic_optimizer.step()
             _accumulate(sums, {k: torch.tensor(v) for k, v in stats.items()}, 1.0)
             updates += 1
     m.optimizer.zero_grad(set_to_none=True)
     return {k: v / max(updates, 1) for k, v in sums.items()}
+
+
+def _trainable(model: Any) -> list[Any]:
+    return [p for p in model.parameters() if p.requires_grad]
 
 
 def _micro_step(m: StepModels, spec: Any, acfg: Any, cfg: Any, trajs: list[dict[str, Any]], rt: dict[str, Any],

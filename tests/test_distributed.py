@@ -1,0 +1,295 @@
+"""`zsearch train` under `accelerate launch` with 2 CPU processes: DDP, FSDP2 and ZeRO-3.
+
+Every run is real: `accelerate launch` starts 2 processes that talk over gloo, each runs the
+`zsearch train` CLI on the tiny model and the bundled demo data, and the checkpoints are
+read back from disk. What is checked: exit code 0; each step's metrics row written once;
+each checkpoint and OUT/final written once, by process 0, and loadable; the weights every
+process holds after the updates equal each other and the saved ones; and `--resume`
+continues bit-identically (a copy of the run with its last checkpoint removed redoes that
+step and must end with the very same weights and metrics).
+
+How the launches are made, and why:
+
+- `accelerate launch --multi_gpu --num_processes 2`: on a machine without GPUs this starts 2
+  processes and zsearch's `Accelerator(cpu=True)` joins them as DDP over gloo.
+  `accelerate launch --cpu --num_processes 2` would start ONE process (accelerate's simple
+  launcher; multi-process CPU there is mpirun-only).
+- The processes run this file (see ``_worker``): the `zsearch` CLI with three test hooks. The
+  tiny random model never writes an `<answer>` tag, so every reward and every gradient would
+  be 0 and "the processes agree after the update" would prove nothing; the hook rewards the
+  response's length instead, which gives each process different, non-zero gradients.
+  The other hooks log who writes which folder and dump each process's final weights.
+- FSDP and DeepSpeed: accelerate 1.15 builds them only on an accelerator device (with
+  `--cpu` or no GPU it silently falls back to DDP), so the FSDP/ZeRO-3 workers also patch
+  accelerate's device detection to treat the gloo CPU group as one. Sharding, gathers and
+  checkpoint code are then the real ones (the weights are visibly sharded).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FSDP2_CPU = {  # stages/accelerate/fsdp.yaml with 2 processes; cpu-ram-efficient loading needs a GPU
+    "compute_environment": "LOCAL_MACHINE", "distributed_type": "FSDP", "num_machines": 1, "num_processes": 2,
+    "machine_rank": 0, "mixed_precision": "no", "use_cpu": False,
+    "fsdp_config": {"fsdp_version": 2, "fsdp_auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+                    "fsdp_reshard_after_forward": True, "fsdp_state_dict_type": "FULL_STATE_DICT",
+                    "fsdp_offload_params": False, "fsdp_cpu_ram_efficient_loading": False},
+}
+ZERO3_CPU = {  # stages/accelerate/zero3.yaml with 2 processes, fp32 (CPU)
+    "compute_environment": "LOCAL_MACHINE", "distributed_type": "DEEPSPEED", "num_machines": 1, "num_processes": 2,
+    "machine_rank": 0, "mixed_precision": "no", "use_cpu": False,
+    "deepspeed_config": {"zero_stage": 3, "offload_optimizer_device": "none", "offload_param_device": "none",
+                         "zero3_init_flag": True, "zero3_save_16bit_model": True,
+                         "gradient_accumulation_steps": 1, "gradient_clipping": 1.0},
+}
+
+
+# ------------------------------------------------------------------ the launched processes
+
+
+def _shard_on_cpu() -> None:
+    """Let accelerate build FSDP / DeepSpeed over gloo on CPU (see the module docstring)."""
+    import accelerate
+    from accelerate.state import PartialState
+    from accelerate.utils import DistributedType
+
+    PartialState._prepare_backend = lambda self, cpu=False, sagemaker_dp=False, backend=None: (
+        "gloo", DistributedType.MULTI_GPU)
+    init = accelerate.Accelerator.__init__
+
+    def cpu_false(self: Any, *args: Any, cpu: bool = False, **kwargs: Any) -> None:
+        init(self, *args, cpu=False, **kwargs)  # cpu=True makes accelerate fall back to DDP
+
+    accelerate.Accelerator.__init__ = cpu_false
+
+
+def _worker(argv: list[str]) -> None:
+    """One launched process: the `zsearch` CLI with the test hooks."""
+    import torch
+
+    import zsearch_cli.train.checkpoint as checkpoint
+    import zsearch_cli.train.collect as collect
+    import zsearch_cli.train.trainer as trainer
+    from zsearch_cli.cli import app
+
+    if os.environ.get("ZSEARCH_TEST_SHARD_ON_CPU"):
+        _shard_on_cpu()
+    out = Path(argv[argv.index("--out") + 1])
+    rank = int(os.environ.get("RANK", "0"))
+    collect.outcome_reward = lambda text, *args, **kwargs: len(text) / 1000  # differs within every group
+    atomic_dir = checkpoint.atomic_dir
+
+    def logged_atomic_dir(target: Path, write: Any) -> Path:
+        with open(out / "writes.log", "a", encoding="utf-8") as fh:
+            fh.write(f"{rank} {target.name}\n")
+        return atomic_dir(target, write)
+
+    checkpoint.atomic_dir = trainer.atomic_dir = logged_atomic_dir
+    train = trainer.Trainer.train
+
+    def train_and_dump(self: Any) -> Path:
+        final = train(self)
+        from safetensors.torch import save_file
+
+        # what this process generates with: the policy itself (DDP) or its full copy (sharded)
+        model = self.generation_copy if self.generation_copy is not None else self.accelerator.unwrap_model(self.policy)
+        state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+        save_file(state, str(out / f"weights.rank{rank}.safetensors"))
+        return final
+
+    trainer.Trainer.train = train_and_dump
+    torch.set_num_threads(1)
+    sys.argv = ["zsearch", *argv]
+    app()
+
+
+# ------------------------------------------------------------------ helpers of the tests
+
+
+@pytest.fixture(scope="module")
+def demo_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from typer.testing import CliRunner
+
+    from zsearch_cli.cli import app
+
+    out = tmp_path_factory.mktemp("distributed") / "index"
+    result = CliRunner().invoke(app, ["index", "--out", str(out), "--kind", "bm25"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def _train_args(out: Path, model: Path, index: Path, steps: int, *extra: str) -> list[str]:
+    return ["train", "--algo", "grpo", "-G", "2", "--batch-size", "2", "--model", str(model), "--index", str(index),
+            "--out", str(out), "--steps", str(steps), "--save-every", "1", "--max-turns", "2",
+            "--max-turn-tokens", "16", "--lr", "1e-3", "--seed", "3", *extra]
+
+
+def _launch(target: list[str], config: dict[str, Any] | None, tmp: Path, env: dict[str, str] | None = None,
+            python: str = sys.executable) -> subprocess.CompletedProcess[str]:
+    """``accelerate launch`` 2 processes running ``target`` (a script and its args, or -m ...)."""
+    launch = [python, "-m", "accelerate.commands.launch"]
+    if config is None:
+        launch += ["--multi_gpu", "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+                   "--dynamo_backend", "no"]
+    else:
+        path = tmp / "accelerate.json"
+        path.write_text(json.dumps(config))
+        launch += ["--config_file", str(path)]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", **(env or {})}
+    return subprocess.run([*launch, *target], cwd=ROOT, env=full_env, capture_output=True, text=True, timeout=300)
+
+
+def _ok(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    return done.stdout + done.stderr
+
+
+def _weights(path: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return load_file(str(path))
+
+
+def _same(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    """Keys of ``b`` whose tensors differ in ``a`` (``b`` may omit a tied copy, e.g. lm_head)."""
+    return [k for k in b if not (a[k] == b[k]).all()]
+
+
+def _rows(out: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def _check_run(out: Path, tiny_model_dir: Path, steps: int) -> None:
+    """The run's files: each row, checkpoint and final written once, by process 0; the
+    processes agree with each other and with the saved weights, which the updates changed."""
+    from zsearch_cli.schemas import METRICS, read_artifact
+
+    assert [r["step"] for r in _rows(out)] == list(range(steps))
+    assert [r["step"] for r in read_artifact(out / "metrics.parquet", METRICS).to_pylist()] == list(range(steps))
+    writes = (out / "writes.log").read_text().splitlines()
+    assert sorted(writes) == sorted([f"0 step-{s}" for s in range(1, steps + 1)] + ["0 final"]), writes
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [f"step-{s}" for s in range(1, steps + 1)]
+    assert all(r["grad_norm"] > 0 for r in _rows(out)), "zero gradients: the test would prove nothing"
+
+    rank0, rank1 = _weights(out / "weights.rank0.safetensors"), _weights(out / "weights.rank1.safetensors")
+    final = _weights(out / "final" / "model.safetensors")
+    assert not _same(rank0, rank1), "the processes hold different weights after the updates"
+    assert not _same(rank0, final), "OUT/final differs from what the processes hold"
+    assert _same(final, _weights(tiny_model_dir / "model.safetensors")), "the updates changed nothing"
+
+    from zsearch_cli.models.loading import load_model
+
+    for folder in (out / "checkpoints" / f"step-{steps}", out / "final"):
+        model, _ = load_model(str(folder), device="cpu")
+        assert not _same(final, {k: v for k, v in model.state_dict().items() if k in final})
+
+
+def _check_resume_is_exact(out: Path, model: Path, index: Path, launch: Any, steps: int) -> None:
+    """Copy the run without its last checkpoint and final; --resume redoes the last step from
+    the one before and must reproduce weights and metrics exactly."""
+    again = out.parent / f"{out.name}-again"
+    shutil.copytree(out, again)
+    shutil.rmtree(again / "checkpoints" / f"step-{steps}")
+    shutil.rmtree(again / "final")
+    (again / "writes.log").unlink()
+    text = _ok(launch(_train_args(again, model, index, steps, "--resume")))
+    assert text.count(f"resuming from {again / 'checkpoints' / f'step-{steps - 1}'}") == 1  # once, not per process
+    assert not _same(_weights(again / "final" / "model.safetensors"), _weights(out / "final" / "model.safetensors"))
+    untimed = [[{k: v for k, v in r.items() if not k.startswith("time_")} for r in _rows(o)] for o in (again, out)]
+    assert untimed[0] == untimed[1]
+
+
+# ------------------------------------------------------------------ the tests
+
+
+@pytest.mark.parametrize("saved, processes, launch, processes_now, message", [
+    ("fsdp", 2, "MULTI_CPU", 2, "was written under fsdp, this launch is replicated"),
+    ("replicated", 1, "DEEPSPEED", 2, "was written under replicated, this launch is deepspeed"),
+    ("deepspeed", 4, "DEEPSPEED", 2, "holds DeepSpeed ZeRO partitions of 4 processes, this launch has 2"),
+])
+def test_resume_under_another_distribution_is_a_one_line_error(tmp_path, saved, processes, launch, processes_now,
+                                                               message):
+    from types import SimpleNamespace
+
+    from zsearch_cli.errors import ZsearchError
+    from zsearch_cli.train.checkpoint import STATE_FILE, check_resumable
+
+    (tmp_path / STATE_FILE).write_text(json.dumps({"distribution": saved, "num_processes": processes}))
+    acc = SimpleNamespace(distributed_type=launch, num_processes=processes_now)
+    with pytest.raises(ZsearchError, match=message):
+        check_resumable(tmp_path, acc)
+    acc.distributed_type = {"fsdp": "FSDP", "deepspeed": "DEEPSPEED"}.get(saved, "MULTI_CPU")
+    acc.num_processes = processes
+    check_resumable(tmp_path, acc)  # the launch it was written under resumes it
+
+
+@pytest.mark.slow
+def test_ddp_two_cpu_processes_train_save_and_resume(tmp_path, tiny_model_dir, demo_index):
+    out = tmp_path / "ddp"
+
+    def launch(args: list[str]) -> subprocess.CompletedProcess[str]:
+        return _launch([__file__, *args], None, tmp_path)
+
+    _ok(launch(_train_args(out, tiny_model_dir, demo_index, 2)))
+    _check_run(out, tiny_model_dir, steps=2)
+    state = json.loads((out / "checkpoints" / "step-2" / "trainer_state.json").read_text())
+    assert (state["distribution"], state["num_processes"]) == ("replicated", 2)
+    _check_resume_is_exact(out, tiny_model_dir, demo_index, launch, steps=2)
+
+    # the documented command itself, no test hooks: one more step, resumed
+    text = _ok(_launch(["-m", "zsearch_cli.cli", *_train_args(out, tiny_model_dir, demo_index, 3, "--resume")],
+                       None, tmp_path))
+    assert text.count("resuming from") == 1 and text.count("final model written") == 1
+    assert [r["step"] for r in _rows(out)] == [0, 1, 2]
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-2", "step-3"]
+
+
+@pytest.mark.slow
+def test_fsdp2_on_cpu_gathers_full_weights_and_optimizer_state(tmp_path, tiny_model_dir, demo_index):
+    pytest.importorskip("torch.distributed.fsdp")
+    out = tmp_path / "fsdp"
+
+    def launch(args: list[str]) -> subprocess.CompletedProcess[str]:
+        return _launch([__file__, *args], FSDP2_CPU, tmp_path, env={"ZSEARCH_TEST_SHARD_ON_CPU": "1",
+                                                                  "ACCELERATE_TORCH_DEVICE": "cpu"})
+
+    _ok(launch(_train_args(out, tiny_model_dir, demo_index, 2)))
+    _check_run(out, tiny_model_dir, steps=2)
+    import torch
+
+    ckpt = out / "checkpoints" / "step-2"
+    assert json.loads((ckpt / "trainer_state.json").read_text())["distribution"] == "fsdp"
+    initial = _weights(tiny_model_dir / "model.safetensors")
+    moments = torch.load(ckpt / "optimizer.pt", weights_only=True)["state"]
+    assert moments.keys() >= initial.keys()  # keyed by parameter name, every parameter, full shapes
+    assert all(moments[k]["exp_avg"].shape == initial[k].shape for k in initial)
+    _check_resume_is_exact(out, tiny_model_dir, demo_index, launch, steps=2)
+
+
+@pytest.mark.slow
+def test_zero3_on_cpu_saves_consolidated_weights_and_partitions(tmp_path, tiny_model_dir, demo_index):
+    pytest.importorskip("deepspeed")
+    out = tmp_path / "zero3"
+
+    def launch(args: list[str]) -> subprocess.CompletedProcess[str]:
+        return _launch([__file__, *args], ZERO3_CPU, tmp_path, env={
+            "ZSEARCH_TEST_SHARD_ON_CPU": "1", "ACCELERATE_TORCH_DEVICE": "cpu", "DS_ACCELERATOR": "cpu"})
+
+    _ok(launch(_train_args(out, tiny_model_dir, demo_index, 2)))
+    _check_run(out, tiny_model_dir, steps=2)
+    assert json.loads((out / "checkpoints" / "step-2" / "trainer_state.json").read_text())["distribution"] == "deepspeed"
+    _check_resume_is_exact(out, tiny_model_dir, demo_index, launch, steps=2)
+
+
+if __name__ == "__main__":  # a process started by the tests' `accelerate launch`
+    _worker(sys.argv[1:])

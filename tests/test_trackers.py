@@ -1,0 +1,65 @@
+"""`zsearch train --report-to`: the metrics reach the tracker (accelerate's TensorBoard tracker,
+read back from its event files), and a tracker whose package is missing is a one-line error."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from zsearch_cli.cli import app
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def demo_index(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("trackers") / "index"
+    result = runner.invoke(app, ["index", "--out", str(out), "--kind", "bm25"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def _train(out: Path, model: Path, index: Path, report_to: str):
+    return runner.invoke(app, ["train", "--algo", "grpo", "-G", "2", "--batch-size", "2", "--model", str(model),
+                               "--index", str(index), "--out", str(out), "--steps", "2", "--save-every", "0",
+                               "--max-turns", "1", "--max-turn-tokens", "8", "--device", "cpu",
+                               "--report-to", report_to])
+
+
+def _scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar tag in the event files under ``run_dir``: [(step, value)]."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    found: dict[str, list[tuple[int, float]]] = {}
+    for events in sorted({p.parent for p in run_dir.rglob("events.out.tfevents.*")}):
+        acc = EventAccumulator(str(events), size_guidance={"scalars": 0})
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            found.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
+    return found
+
+
+def test_tensorboard_gets_every_step_of_reward_and_loss(tmp_path, tiny_model_dir, demo_index):
+    pytest.importorskip("tensorboard")
+    from zsearch_cli.train.metrics import load_metrics
+
+    out = tmp_path / "run"
+    result = _train(out, tiny_model_dir, demo_index, "tensorboard")
+    assert result.exit_code == 0, result.output
+    scalars = _scalars(out)
+    rows = load_metrics(out)
+    for key in ("reward_mean", "loss", "lr", "response_length"):
+        assert [s for s, _ in scalars[key]] == [0, 1], key  # one point per step, none twice
+        assert [v for _, v in scalars[key]] == pytest.approx([r[key] for r in rows]), key
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed")
+def test_missing_tracker_package_is_a_one_line_error(tmp_path, tiny_model_dir, demo_index):
+    result = _train(tmp_path / "run", tiny_model_dir, demo_index, "wandb")
+    assert result.exit_code == 2
+    text = " ".join(result.output.split())
+    assert "--report-to wandb: the wandb package is not installed (pip install wandb)" in text
+    assert text.count("error:") == 1
