@@ -106,16 +106,17 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="Bind address; anything but loopback must be asked for explicitly."),
     port: int = typer.Option(8000, help="TCP port; 0 picks a free one (printed at start)."),
     method: str = typer.Option("auto", help="bm25, dense, hybrid, or auto."),
-    max_queries: int = typer.Option(512, help="Most queries one request may carry."),
+    max_queries: int = typer.Option(8192, help="Most queries one request may carry (Search-R1's GRPO sends 2560)."),
     max_topk: int = typer.Option(100, help="Largest topk a request may ask for."),
     cache_size: int = typer.Option(100_000, help="LRU cache entries keyed by (query, topk, index)."),
+    cache_mb: int = typer.Option(512, help="LRU cache memory bound in MiB (estimated; 0 turns the cache off)."),
     config: Optional[Path] = ConfigOption,
 ) -> None:
     """Serve an index over HTTP with Search-R1's /retrieve API."""
     from zsearch_cli.retrieval.server import run_server
 
     run_server(index_dir, host=host, port=port, method=method, max_queries=max_queries,
-               max_topk=max_topk, cache_size=cache_size)
+               max_topk=max_topk, cache_size=cache_size, cache_bytes=cache_mb << 20)
 
 
 # ----------------------------------------------------------------------------- eval

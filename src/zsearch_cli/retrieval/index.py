@@ -2,11 +2,19 @@
 
 Layout of an index directory::
 
-    manifest.json    kinds, corpus fingerprint, n_docs, every parameter, version, time
+    manifest.json    kinds, corpus fingerprint, n_docs, every parameter, version, time,
+                     and corpus.arrow's size in bytes
     corpus.arrow     the corpus as an uncompressed Arrow IPC file, memory-mapped at load
                      so a 21M-passage corpus is never held as Python objects
     bm25/            bm25s's CSC .npy files (or rank-bm25's postings), see bm25.py
     dense/           embeddings.npy (float32 memmap) + index.faiss, see dense.py
+    */part.json      each part's own seal: the corpus fingerprint and n_docs it was built
+                     from, and every file's size in bytes
+
+Loading checks every seal before touching a file: a part copied in from an index of
+another corpus would otherwise return other passages' rows (silently wrong results when
+that corpus was smaller), and a missing or truncated file would fail deep inside numpy
+or faiss with a traceback. Each mismatch is one "rebuild the index" line naming the file.
 
 A build writes everything into a temporary sibling directory and renames it over the
 target only once complete, so a crash never leaves a half-written index behind.
@@ -30,12 +38,14 @@ import pyarrow as pa
 
 from zsearch_cli import __version__
 from zsearch_cli.config import err_console
-from zsearch_cli.data.corpus import corpus_fingerprint, iter_corpus_batches
+from zsearch_cli.data.corpus import WITH_CONTENTS, corpus_fingerprint, iter_corpus_batches
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.retrieval.base import Passage
 from zsearch_cli.schemas import CORPUS, _check_unique
 
-FORMAT = 1
+FORMAT = 2
+"""2: parts carry a part.json seal and the manifest corpus.arrow's size."""
+PART_SEAL = "part.json"
 MANIFEST = "manifest.json"
 CORPUS_FILE = "corpus.arrow"
 KINDS = ("bm25", "dense")
@@ -98,9 +108,9 @@ def _progress(description: str, total: int) -> Iterator[Callable[[int], None]]:
 
 def _write_corpus(src: Path, dest: Path) -> tuple[int, str]:
     """Stream ``src`` into ``dest`` (Arrow IPC), fingerprinting on the way; returns (rows, fingerprint)."""
-    with pa.OSFile(str(dest), "wb") as sink, pa.ipc.new_file(sink, CORPUS.schema) as writer:
+    with pa.OSFile(str(dest), "wb") as sink, pa.ipc.new_file(sink, WITH_CONTENTS) as writer:
         def tee() -> Iterator[pa.RecordBatch]:
-            for batch in iter_corpus_batches(src):
+            for batch in iter_corpus_batches(src, with_contents=True):
                 writer.write_batch(batch)
                 yield batch
 
@@ -128,6 +138,40 @@ def _check_target(out: Path) -> None:
         raise ZsearchError(f"{out}: exists and is not a directory")
     if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
         raise ZsearchError(f"{out}: exists and is not a zsearch index; refusing to overwrite it")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    except (OverflowError, ValueError):
+        return False
+    return True
+
+
+def _clean_stale_temps(out: Path) -> None:
+    """Remove temp folders of builds into ``out`` that were killed: their names carry the
+    owner's pid (``.NAME.PID.xxxx.tmp``, ``.NAME.old-PID-ns``) and that pid is gone.
+    A live owner (a concurrent build) keeps its folder; names without a pid are left alone."""
+    prefix = f".{out.name}."
+    if not out.parent.is_dir():
+        return
+    for path in out.parent.iterdir():
+        name = path.name
+        if not name.startswith(prefix) or not path.is_dir():
+            continue
+        rest = name[len(prefix):]
+        if rest.endswith(".tmp"):
+            pid_text = rest.split(".", 1)[0]
+        elif rest.startswith("old-"):
+            pid_text = rest[4:].split("-", 1)[0]
+        else:
+            continue
+        if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _swap_in(tmp: Path, out: Path) -> None:
@@ -164,7 +208,10 @@ def build_index(corpus: Path | None, out: Path, options: dict) -> Path:
         resolve_encoder(opts["encoder"])
         check_faiss_type(opts["faiss_type"].strip())
         pick_device(opts["device"])
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    _clean_stale_temps(out)
+    # The owner's pid is in the name, so a later build can tell a killed build's leftovers
+    # from a concurrent live one.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".tmp", dir=out.parent))
     try:
         n_docs, fingerprint = _write_corpus(src, tmp / CORPUS_FILE)
         manifest: dict[str, Any] = {
@@ -187,6 +234,9 @@ def build_index(corpus: Path | None, out: Path, options: dict) -> Path:
             with _progress(f"encode ({encoder.device})", n_docs) as advance:
                 manifest["dense"] = build_dense(_corpus_batches(tmp / CORPUS_FILE), n_docs, tmp / "dense",
                                                 encoder, opts["faiss_type"], advance)
+        manifest["corpus"]["bytes"] = (tmp / CORPUS_FILE).stat().st_size
+        for kind in kinds:
+            _seal_part(tmp / kind, fingerprint, n_docs)
         with open(tmp / MANIFEST, "w", encoding="utf-8") as fh:
             json.dump(manifest, fh, indent=2)
         _swap_in(tmp, out)
@@ -194,6 +244,47 @@ def build_index(corpus: Path | None, out: Path, options: dict) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _seal_part(part: Path, fingerprint: str, n_docs: int) -> None:
+    """Write ``part/part.json``: what the part was built from, and each file's size."""
+    files = {str(f.relative_to(part)): f.stat().st_size for f in sorted(part.rglob("*")) if f.is_file()}
+    with open(part / PART_SEAL, "w", encoding="utf-8") as fh:
+        json.dump({"corpus_fingerprint": fingerprint, "n_docs": n_docs, "files": files}, fh, indent=2)
+
+
+def _rebuild(index_dir: Path, what: str) -> ZsearchError:
+    return ZsearchError(f"{index_dir}: {what}; rebuild the index with `zsearch index ... --out {index_dir}`")
+
+
+def check_index_files(index_dir: Path, manifest: dict[str, Any]) -> None:
+    """Every part's seal against the manifest, and every file's presence and size."""
+    fingerprint, n_docs = manifest["corpus"]["fingerprint"], manifest["n_docs"]
+    corpus = index_dir / CORPUS_FILE
+    if not corpus.is_file():
+        raise _rebuild(index_dir, f"{CORPUS_FILE} is missing")
+    if corpus.stat().st_size != manifest["corpus"].get("bytes"):
+        raise _rebuild(index_dir, f"{CORPUS_FILE} is {corpus.stat().st_size} bytes, the manifest says "
+                                  f"{manifest['corpus'].get('bytes')} (truncated or replaced)")
+    for kind in manifest["kinds"]:
+        seal_path = index_dir / kind / PART_SEAL
+        try:
+            with open(seal_path, encoding="utf-8") as fh:
+                seal = json.load(fh)
+            files = dict(seal["files"])
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise _rebuild(index_dir, f"{kind}/{PART_SEAL} is missing or unreadable ({type(err).__name__})") from None
+        if seal.get("corpus_fingerprint") != fingerprint or seal.get("n_docs") != n_docs:
+            raise _rebuild(index_dir, f"part {kind}/ was built from another corpus "
+                                      f"({seal.get('n_docs')} passages, fingerprint {str(seal.get('corpus_fingerprint'))[:12]}; "
+                                      f"this index: {n_docs} passages, {fingerprint[:12]})")
+        for name, size in files.items():
+            path = index_dir / kind / name
+            if not path.is_file():
+                raise _rebuild(index_dir, f"{kind}/{name} is missing")
+            if path.stat().st_size != size:
+                raise _rebuild(index_dir, f"{kind}/{name} is {path.stat().st_size} bytes, its part.json says "
+                                          f"{size} (truncated or replaced)")
 
 
 # ----------------------------------------------------------------------------- load / search
@@ -210,6 +301,9 @@ def read_manifest(index_dir: Path) -> dict[str, Any]:
         raise ZsearchError(f"{path}: unreadable index manifest ({err})") from None
     if manifest.get("format") != FORMAT:
         raise ZsearchError(f"{path}: index format {manifest.get('format')!r} is not {FORMAT}; rebuild the index")
+    if not isinstance(manifest.get("corpus"), dict) or not isinstance(manifest.get("kinds"), list) \
+            or not isinstance(manifest.get("n_docs"), int):
+        raise ZsearchError(f"{path}: index manifest lacks corpus/kinds/n_docs; rebuild the index")
     return manifest
 
 
@@ -243,7 +337,11 @@ class SearchIndex:
         self.methods: list[str] = kinds + (["hybrid"] if set(KINDS) <= set(kinds) else [])
         params = hashlib.blake2b(json.dumps(manifest["params"], sort_keys=True).encode(), digest_size=4).hexdigest()
         self.name: str = f"{manifest['corpus']['fingerprint'][:16]}-{'+'.join(kinds)}-{params}"
-        self._table = _open_corpus(self.index_dir / CORPUS_FILE)
+        check_index_files(self.index_dir, manifest)
+        try:
+            self._table = _open_corpus(self.index_dir / CORPUS_FILE)
+        except (pa.ArrowInvalid, OSError) as err:
+            raise _rebuild(self.index_dir, f"{CORPUS_FILE} is unreadable ({err})") from None
         if self._table.num_rows != manifest["n_docs"]:
             raise ZsearchError(f"{self.index_dir}: {CORPUS_FILE} has {self._table.num_rows} rows, "
                                f"the manifest says {manifest['n_docs']}; rebuild the index")
@@ -251,7 +349,7 @@ class SearchIndex:
         # its own batch: zero-copy views of the mapped file, nothing loaded up front.
         batches = [b for b in self._table.to_batches() if b.num_rows]
         self._batch_start = np.cumsum([0] + [b.num_rows for b in batches[:-1]], dtype=np.int64)
-        self._batch_cols = [tuple(b.column(c) for c in ("id", "title", "text")) for b in batches]
+        self._batch_cols = [tuple(b.column(c) for c in WITH_CONTENTS.names) for b in batches]
         self._bm25 = self._dense = None
         if "bm25" in kinds:
             from zsearch_cli.retrieval.bm25 import BM25Searcher
@@ -282,8 +380,8 @@ class SearchIndex:
         """The passage at corpus row ``row`` (score None)."""
         if not 0 <= row < len(self):
             raise ZsearchError(f"row {row} is out of range (the index has {len(self)} passages)")
-        (pid, title, text), = self._records([row])
-        return Passage(pid, title, text)
+        (pid, title, text, raw), = self._records([row])
+        return Passage(pid, title, text, raw_contents=raw)
 
     def search(self, queries: Sequence[str], topk: int, method: str = "auto") -> list[list[Passage]]:
         """Top-``topk`` passages for each query, best first.
@@ -312,8 +410,9 @@ class SearchIndex:
             rows, scores = rrf_fuse_batch(bm25_rows, dense_rows, k)
         return self._passages(rows, scores)
 
-    def _records(self, rows: Sequence[int]) -> list[tuple[str, str, str]]:
-        """``(id, title, text)`` of each corpus row, nulls as ``""``.
+    def _records(self, rows: Sequence[int]) -> list[tuple[str, str, str, str | None]]:
+        """``(id, title, text, contents)`` of each corpus row: nulls as ``""``, except the
+        raw wiki-18 ``contents``, None for passages given as title/text.
 
         Read value by value from the row's record batch, zero-copy. ``Table.take`` on the
         chunked columns concatenates all their chunks first: a 50-row take on the 77 MB
@@ -324,13 +423,24 @@ class SearchIndex:
         where = np.searchsorted(self._batch_start, rows, side="right") - 1
         local = rows - self._batch_start[where]
         cols = self._batch_cols
-        return [tuple(col[j].as_py() or "" for col in cols[b]) for b, j in zip(where.tolist(), local.tolist())]
+        out = []
+        for b, j in zip(where.tolist(), local.tolist()):
+            pid, title, text, raw = (col[j].as_py() for col in cols[b])
+            out.append((pid or "", title or "", text or "", raw))
+        return out
 
     def _passages(self, rows: Sequence[Sequence[int]], scores: Sequence[Sequence[float]]) -> list[list[Passage]]:
         """The hits of each query (rows >= 0) as :class:`Passage` lists, read in one pass."""
         kept = [[(int(r), float(s)) for r, s in zip(rr, ss) if r >= 0] for rr, ss in zip(rows, scores)]
         records = iter(self._records([r for hits in kept for r, _ in hits]))
-        return [[Passage(*next(records), s) for _, s in hits] for hits in kept]
+        passages = []
+        for hits in kept:
+            row_passages = []
+            for _, s in hits:
+                pid, title, text, raw = next(records)
+                row_passages.append(Passage(pid, title, text, s, raw_contents=raw))
+            passages.append(row_passages)
+        return passages
 
 
 def print_search(query: str, index_dir: Path, method: str = "auto", topk: int = 3) -> None:
