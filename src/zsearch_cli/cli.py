@@ -47,10 +47,13 @@ def index(
     out: Path = typer.Option(Path("runs/index"), "--out", "-o", help="Index directory to write."),
     kind: str = typer.Option("bm25", "--kind", help="Comma list of bm25, dense (hybrid = bm25,dense)."),
     bm25_backend: str = typer.Option("bm25s", help="bm25s (fast, default) or rank-bm25 (reference)."),
-    k1: float = typer.Option(1.2, help="BM25 term-frequency saturation."),
-    b: float = typer.Option(0.75, help="BM25 length normalisation."),
-    stemmer: str = typer.Option("english", help="Snowball stemmer language, or 'none'."),
-    stopwords: str = typer.Option("en", help="Stopword list: 'en' or 'none'."),
+    bm25_preset: str = typer.Option("zsearch", help="BM25 defaults: zsearch, or pyserini (Lucene's English "
+                                    "analyzer + BM25Similarity, k1 0.9, b 0.4: Search-R1/DSPO's retriever)."),
+    k1: Optional[float] = typer.Option(None, help="BM25 term-frequency saturation [1.2; pyserini 0.9]."),
+    b: Optional[float] = typer.Option(None, help="BM25 length normalisation [0.75; pyserini 0.4]."),
+    stemmer: Optional[str] = typer.Option(None, help="Snowball stemmer language, 'porter-lucene', or 'none' "
+                                          "[english; pyserini porter-lucene]."),
+    stopwords: Optional[str] = typer.Option(None, help="Stopword list: 'en' (Lucene's 33) or 'none' [en]."),
     encoder: str = typer.Option("minilm", help="Dense encoder: HF id or local path; 'minilm' is the bundled default."),
     faiss_type: str = typer.Option("Flat", help="faiss index: Flat, HNSW32, IVF{n},PQ{m} (e.g. IVF1024,PQ64)."),
     batch_size: int = typer.Option(128, help="Encoder batch size."),

@@ -51,10 +51,18 @@ CORPUS_FILE = "corpus.arrow"
 KINDS = ("bm25", "dense")
 METHODS = ("bm25", "dense", "hybrid")
 DEFAULTS: dict[str, Any] = {
-    "kind": "bm25", "bm25_backend": "bm25s", "k1": 1.2, "b": 0.75, "stemmer": "english",
-    "stopwords": "en", "encoder": "minilm", "faiss_type": "Flat", "batch_size": 128,
-    "max_length": 256, "device": "auto",
+    "kind": "bm25", "bm25_backend": "bm25s", "bm25_preset": "zsearch", "k1": 1.2, "b": 0.75,
+    "stemmer": "english", "stopwords": "en", "analyzer": "simple", "bm25_norms": "exact",
+    "encoder": "minilm", "faiss_type": "Flat", "batch_size": 128, "max_length": 256, "device": "auto",
 }
+BM25_PRESETS: dict[str, dict[str, Any]] = {
+    "zsearch": {},
+    # Pyserini's BM25 as Search-R1 and DSPO ran it: Lucene's EnglishAnalyzer chain, Lucene
+    # BM25Similarity (one-byte length norms, float32 arithmetic), k1 0.9, b 0.4.
+    "pyserini": {"k1": 0.9, "b": 0.4, "stemmer": "porter-lucene", "stopwords": "en", "analyzer": "lucene",
+                 "bm25_norms": "lucene"},
+}
+"""BM25 defaults per ``--bm25-preset``; options given explicitly still win."""
 
 
 # ----------------------------------------------------------------------------- options
@@ -80,8 +88,16 @@ def resolve_options(options: dict[str, Any] | None) -> dict[str, Any]:
     """Defaults for missing keys, plus the checks a typo should fail fast on (before any work)."""
     from zsearch_cli.retrieval.bm25 import BACKENDS
 
-    opts = {**DEFAULTS, **{k: v for k, v in (options or {}).items() if k in DEFAULTS and v is not None}}
+    given = {k: v for k, v in (options or {}).items() if k in DEFAULTS and v is not None}
+    preset = given.get("bm25_preset", DEFAULTS["bm25_preset"])
+    if preset not in BM25_PRESETS:
+        raise ZsearchError(f"unknown BM25 preset {preset!r} (choose from: {', '.join(BM25_PRESETS)})")
+    opts = {**DEFAULTS, **BM25_PRESETS[preset], **given}
     opts["kind"] = ",".join(parse_kinds(opts["kind"]))
+    if opts["bm25_norms"] not in ("exact", "lucene"):
+        raise ZsearchError(f"unknown BM25 length norms {opts['bm25_norms']!r} (choose from: exact, lucene)")
+    if opts["bm25_norms"] == "lucene" and opts["bm25_backend"] != "bm25s":
+        raise ZsearchError("Lucene length norms (--bm25-preset pyserini) need --bm25-backend bm25s")
     if opts["bm25_backend"] not in BACKENDS:
         raise ZsearchError(f"unknown BM25 backend {opts['bm25_backend']!r} (choose from: {', '.join(BACKENDS)})")
     if not float(opts["k1"]) >= 0 or not 0 <= float(opts["b"]) <= 1:
@@ -201,7 +217,7 @@ def build_index(corpus: Path | None, out: Path, options: dict) -> Path:
     _check_target(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     # Catch option mistakes now, not after ingesting (and tokenizing) a 21M-passage corpus.
-    tokenizer = Tokenizer(opts["stemmer"], opts["stopwords"]) if "bm25" in kinds else None
+    tokenizer = Tokenizer(opts["stemmer"], opts["stopwords"], opts["analyzer"]) if "bm25" in kinds else None
     if "dense" in kinds:
         from zsearch_cli.retrieval.dense import check_faiss_type, pick_device, resolve_encoder
 
@@ -226,7 +242,8 @@ def build_index(corpus: Path | None, out: Path, options: dict) -> Path:
 
             with _progress("BM25 tokenize", n_docs) as advance:
                 manifest["bm25"] = build_bm25(_corpus_batches(tmp / CORPUS_FILE), n_docs, tmp / "bm25", tokenizer,
-                                              float(opts["k1"]), float(opts["b"]), opts["bm25_backend"], advance)
+                                              float(opts["k1"]), float(opts["b"]), opts["bm25_backend"], advance,
+                                              norms=opts["bm25_norms"])
         if "dense" in kinds:
             from zsearch_cli.retrieval.dense import Encoder, build_dense
 
@@ -397,7 +414,9 @@ class SearchIndex:
         if not queries:
             return []
         k = min(topk, len(self))
-        if method == "bm25":
+        if method == "bm25" and self.manifest["params"].get("bm25_preset") == "pyserini":
+            scores, rows = self._search_ties_by_id(queries, k)
+        elif method == "bm25":
             scores, rows = self._bm25.search(queries, k)
         elif method == "dense":
             scores, rows = self._dense.search(queries, k)
@@ -409,6 +428,33 @@ class SearchIndex:
             _, dense_rows = self._dense.search(queries, depth)
             rows, scores = rrf_fuse_batch(bm25_rows, dense_rows, k)
         return self._passages(rows, scores)
+
+    def _search_ties_by_id(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """BM25 top-``k`` with equal scores ordered by passage id (as a string), not by row:
+        Anserini sorts its hits by (score, docid), so this is Pyserini's order. Each query is
+        searched deep enough to see every passage tied with its k-th best."""
+        n = len(self)
+        out_scores = np.zeros((len(queries), k), dtype=np.float32)
+        out_rows = np.full((len(queries), k), -1, dtype=np.int64)
+        todo, depth = list(range(len(queries))), min(n, 2 * k + 8)
+        while todo:
+            scores, rows = self._bm25.search([queries[i] for i in todo], depth)
+            unresolved = []
+            for qi, sc, rw in zip(todo, scores, rows):
+                valid = rw >= 0
+                sc, rw = sc[valid], rw[valid]
+                if len(rw) >= k and depth < n and len(rw) == depth and sc[-1] == sc[k - 1]:
+                    unresolved.append(qi)  # the tie at the k-th score may go deeper
+                    continue
+                if len(rw) > k:
+                    keep = sc >= sc[k - 1]
+                    sc, rw = sc[keep], rw[keep]
+                ids = [rec[0] for rec in self._records(rw)]
+                order = sorted(range(len(rw)), key=lambda j: (-float(sc[j]), ids[j]))[:k]
+                out_scores[qi, : len(order)] = sc[order]
+                out_rows[qi, : len(order)] = rw[order]
+            todo, depth = unresolved, min(n, depth * 4)
+        return out_scores, out_rows
 
     def _records(self, rows: Sequence[int]) -> list[tuple[str, str, str, str | None]]:
         """``(id, title, text, contents)`` of each corpus row: nulls as ``""``, except the
