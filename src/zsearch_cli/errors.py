@@ -13,7 +13,12 @@ class ZsearchError(Exception):
     The CLI prints ``str(err)`` on one line and exits with status 2. Library callers
     catch it like any exception. Messages name the file, the column and the row
     whenever those apply, e.g. ``qa.jsonl: row 7: column 'question' is empty``.
+
+    ``str(err)`` never shows a secret (see :func:`redact`), whoever prints or logs it.
     """
+
+    def __str__(self) -> str:
+        return redact(super().__str__())
 
 
 SECRET_ENV = ("SERPAPI_API_KEY", "OPENAI_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "WANDB_API_KEY")
