@@ -15,6 +15,21 @@ Writes are atomic: everything goes into a hidden temp folder that is renamed to
 (a stale ``.step-N.tmp-*`` folder is ignored and removed by the next save). Only the newest
 ``keep`` checkpoints are kept.
 
+**Completeness.** The last file written is ``zsearch-manifest.json``: every other file's size, and
+the SHA-256 of each pickle (``*.pt``), with an HMAC of the whole made with a per-user key
+(``$ZSEARCH_CACHE/checkpoint.key``). A folder is *complete* when its manifest is there and
+every file it lists has its recorded size (safetensors files are also checked to be whole
+from their own header). ``--resume`` takes the newest complete checkpoint and says which
+newer ones it skipped and why; with none complete it stops with one line naming the file.
+A checkpoint written before manifests existed counts as complete when its required files
+are there and its safetensors are whole.
+
+**Loading.** Everything is read with safetensors or ``torch.load(weights_only=True)``,
+except DeepSpeed's ZeRO partitions: they hold DeepSpeed objects (its loss scaler), which
+``weights_only`` refuses. Those are unpickled fully only when the file's SHA-256 matches a
+manifest whose HMAC verifies with this user's key, i.e. a file a zsearch run of this user
+wrote. A checkpoint from elsewhere under DeepSpeed is refused with one line.
+
 Several processes (``accelerate launch``): every process calls :func:`save_checkpoint`,
 because under FSDP and DeepSpeed ZeRO-3 each holds only a shard of the weights and of the
 optimizer state, and gathering them is a collective; the main process alone writes, and all
@@ -36,14 +51,18 @@ optimizer layouts differ (parameter index, parameter name, ZeRO partitions).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import os
 import random
 import re
+import secrets
 import shutil
+import struct
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -52,24 +71,199 @@ from zsearch_cli.errors import ZsearchError
 
 STATE_FILE = "trainer_state.json"
 RANKS_FILE = "ranks.pt"
+MANIFEST = "zsearch-manifest.json"
+MANIFEST_FORMAT = 1
+KEY_FILE = "checkpoint.key"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+_LEGACY_REQUIRED = (STATE_FILE, "optimizer.pt", "scheduler.pt", "rng.pt")
+_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors")
 
 
 def checkpoints(out: Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints under OUT/checkpoints, oldest first."""
+    """Checkpoint folders under OUT/checkpoints (complete or not), oldest first."""
     root = Path(out) / "checkpoints"
     found = []
     if root.is_dir():
         for p in root.iterdir():
             m = _STEP_DIR.match(p.name)
-            if m and (p / STATE_FILE).is_file():
+            if m and p.is_dir():
                 found.append((int(m.group(1)), p))
     return sorted(found)
 
 
-def latest_checkpoint(out: Path) -> Path | None:
+def latest_checkpoint(out: Path, note: Callable[[str], None] | None = None) -> Path | None:
+    """The newest *complete* checkpoint under OUT/checkpoints (see the module docstring).
+
+    Newer incomplete ones are skipped, and ``note`` (default: a yellow line on stderr from
+    the main process) says which and why. None when there are no checkpoints; a
+    :class:`ZsearchError` naming the damaged file when there are some but none is complete."""
     found = checkpoints(out)
-    return found[-1][1] if found else None
+    skipped: list[str] = []
+    for _, path in reversed(found):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            if skipped:
+                (note or _note)(f"--resume: skipping {'; '.join(skipped)}; using {path.name}, the newest complete "
+                                "checkpoint")
+            return path
+        skipped.append(f"{path.name} ({problem})")
+    if found:
+        raise ZsearchError(f"{found[-1][1]}: {checkpoint_problem(found[-1][1])}; no complete checkpoint in "
+                           f"{Path(out) / 'checkpoints'} to resume from (move the damaged ones away to start over)")
+    return None
+
+
+def _note(text: str) -> None:
+    if os.environ.get("RANK", "0") == "0":
+        from rich.console import Console
+
+        Console(stderr=True).print(f"[yellow]{text}[/]", soft_wrap=True, highlight=False)
+
+
+# ---------------------------------------------------------------- manifest
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _signing_key() -> bytes:
+    """This user's checkpoint key (created on first use, readable by the user only: it is
+    the one file zsearch writes that must not follow the umask)."""
+    from zsearch_cli.models.loading import cache_dir
+
+    path = cache_dir() / KEY_FILE
+    if not path.is_file():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{KEY_FILE}.", dir=path.parent)  # 0600
+        with os.fdopen(fd, "w") as fh:
+            fh.write(secrets.token_hex(32))
+        try:
+            os.link(tmp, path)  # first writer wins; a concurrent process reads the same key
+        except FileExistsError:
+            pass
+        finally:
+            os.unlink(tmp)
+    return path.read_text().strip().encode()
+
+
+def _signature(files: dict[str, Any]) -> str:
+    body = json.dumps(files, sort_keys=True).encode()
+    return hmac.new(_signing_key(), body, hashlib.sha256).hexdigest()
+
+
+def write_manifest(folder: Path) -> None:
+    """``folder/manifest.json``, written last: size of every file, SHA-256 of every pickle,
+    signed with this user's key."""
+    files: dict[str, Any] = {}
+    for p in sorted(folder.rglob("*")):
+        if p.is_file() and p.name != MANIFEST:
+            entry: dict[str, Any] = {"size": p.stat().st_size}
+            if p.suffix == ".pt":
+                entry["sha256"] = _sha256(p)
+            files[p.relative_to(folder).as_posix()] = entry
+    manifest = {"format": MANIFEST_FORMAT, "files": files, "hmac_sha256": _signature(files)}
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def _read_manifest(folder: Path) -> dict[str, Any] | None:
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as err:
+        raise ZsearchError(f"{folder / MANIFEST}: unreadable ({err})") from None
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
+        raise ZsearchError(f"{folder / MANIFEST}: not a zsearch checkpoint manifest")
+    return manifest
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why ``path`` is not a whole safetensors file (from its own header), or None."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                return f"{path.name} is truncated ({size} bytes)"
+            (n,) = struct.unpack("<Q", head)
+            if n > size - 8:
+                return f"{path.name} is truncated (header of {n} bytes, file of {size})"
+            header = json.loads(fh.read(n))
+    except (OSError, ValueError, UnicodeDecodeError) as err:
+        return f"{path.name} is not a safetensors file ({type(err).__name__})"
+    end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    if size < 8 + n + end:
+        return f"{path.name} is truncated ({size} bytes, its header needs {8 + n + end})"
+    return None
+
+
+def checkpoint_problem(folder: Path) -> str | None:
+    """Why ``folder`` is not a complete checkpoint (naming the file), or None."""
+    try:
+        manifest = _read_manifest(folder)
+    except ZsearchError:
+        return f"{MANIFEST} is unreadable"
+    if manifest is not None:
+        for name, entry in manifest["files"].items():
+            path = folder / name
+            if not path.is_file():
+                return f"{name} is missing"
+            if path.stat().st_size != entry.get("size"):
+                return f"{name} has {path.stat().st_size} bytes, the manifest says {entry.get('size')}"
+    else:  # written before manifests: the files every checkpoint has
+        for name in _LEGACY_REQUIRED:
+            if not (folder / name).is_file():
+                return f"{name} is missing"
+        if not any((folder / name).is_file() for name in _WEIGHTS):
+            return "no weights (model.safetensors or adapter_model.safetensors) in it"
+    for path in sorted(folder.rglob("*.safetensors")):
+        problem = safetensors_problem(path)
+        if problem:
+            return problem
+    return None
+
+
+def trusted_pickle(path: Path) -> bool:
+    """True when ``path`` is byte for byte a file a zsearch run of this user wrote: its
+    SHA-256 is in its folder's manifest and the manifest's HMAC verifies with our key."""
+    manifest = _read_manifest(path.parent)
+    if manifest is None:
+        return False
+    entry = manifest["files"].get(path.name) or {}
+    signed = hmac.compare_digest(str(manifest.get("hmac_sha256", "")), _signature(manifest["files"]))
+    return signed and entry.get("sha256") == _sha256(path)
+
+
+def load_pickle(path: Path, *, trusted_objects: bool = False) -> Any:
+    """``torch.load`` of a checkpoint file, one line naming it on any failure.
+
+    Always ``weights_only=True`` first. With ``trusted_objects`` (DeepSpeed's ZeRO
+    partitions), a file that needs full unpickling is loaded only when
+    :func:`trusted_pickle` vouches for it."""
+    if not path.is_file():
+        raise ZsearchError(f"{path}: missing from the checkpoint")
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as err:  # noqa: BLE001 - any failure is the file's; say which file
+        if not (trusted_objects and isinstance(err, __import__("pickle").UnpicklingError)):
+            raise ZsearchError(f"{path}: cannot be read ({_first_line(err)}); the checkpoint is damaged") from None
+    if not trusted_pickle(path):
+        raise ZsearchError(f"{path}: holds Python objects that only a full unpickle can load, and this user's "
+                           f"zsearch did not write it (no signed {MANIFEST} with its hash): refusing to load it")
+    try:
+        return torch.load(path, weights_only=False, map_location="cpu")  # noqa: S614 - verified as our own above
+    except Exception as err:  # noqa: BLE001
+        raise ZsearchError(f"{path}: cannot be read ({_first_line(err)}); the checkpoint is damaged") from None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}"[:300]
 
 
 def rng_state() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -95,12 +289,16 @@ def set_rng_state(json_part: dict[str, Any], torch_part: dict[str, Any]) -> None
 
 
 def atomic_dir(target: Path, write: Any) -> Path:
-    """Call ``write(tmp_dir)`` then rename ``tmp_dir`` to ``target`` (replacing it)."""
+    """Call ``write(tmp_dir)``, write its :data:`MANIFEST` last, then rename ``tmp_dir`` to
+    ``target`` (replacing it). The folder gets the mode a ``mkdir`` would (the umask's)."""
+    from zsearch_cli.files import umask_mode
+
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         write(tmp)
-        tmp.chmod(0o755)
+        write_manifest(tmp)
+        tmp.chmod(umask_mode(0o777))
         if target.exists():
             shutil.rmtree(target)
         os.rename(tmp, target)
@@ -187,7 +385,7 @@ def load_optimizer_state(acc: Any, model: Any, optimizer: Any, path: Path) -> No
     """Load what :func:`full_optimizer_state` saved: under FSDP every process reads the full
     state and keeps its own shard; under DeepSpeed each takes its own ZeRO partition."""
     kind = distribution(acc)
-    state = torch.load(path, weights_only=kind != "deepspeed")  # ZeRO partitions hold DeepSpeed objects
+    state = load_pickle(path, trusted_objects=kind == "deepspeed")  # ZeRO partitions hold DeepSpeed objects
     if kind == "fsdp":
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
@@ -213,13 +411,13 @@ def restore_process_state(acc: Any, path: Path, state: dict[str, Any], data: Any
     when the number of processes changed (then every process takes process 0's)."""
     ranks_file = path / RANKS_FILE
     if ranks_file.is_file():
-        ranks = torch.load(ranks_file, weights_only=True)  # python/numpy states were made plain lists
+        ranks = load_pickle(ranks_file)  # python/numpy states were made plain lists
         if len(ranks) == acc.num_processes:
             mine = ranks[acc.process_index]
             set_rng_state(mine["rng"], mine["torch_rng"])
             data.load_state(mine["data"])
             return None
-    set_rng_state(state["rng"], torch.load(path / "rng.pt", weights_only=True))
+    set_rng_state(state["rng"], load_pickle(path / "rng.pt"))
     data.load_state(state["data"])
     saved = state.get("num_processes", 1)
     if saved != acc.num_processes:
@@ -299,7 +497,10 @@ def save_checkpoint(trainer: Any, completed: int) -> Path:
 
 
 def read_state(path: Path) -> dict[str, Any]:
-    return json.loads((path / STATE_FILE).read_text())
+    try:
+        return json.loads((path / STATE_FILE).read_text())
+    except (OSError, ValueError) as err:
+        raise ZsearchError(f"{path / STATE_FILE}: unreadable ({_first_line(err)}); the checkpoint is damaged") from None
 
 
 def check_resumable(path: Path, acc: Any) -> None:
@@ -322,10 +523,10 @@ def load_training_state(trainer: Any, path: Path) -> dict[str, Any]:
     state = read_state(path)
     acc = trainer.accelerator
     load_optimizer_state(acc, trainer.policy, trainer.optimizer, path / "optimizer.pt")
-    trainer.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+    trainer.scheduler.load_state_dict(load_pickle(path / "scheduler.pt"))
     if trainer.critic is not None:
         load_optimizer_state(acc, trainer.critic, trainer.critic_optimizer, path / "critic_optimizer.pt")
-        trainer.critic_scheduler.load_state_dict(torch.load(path / "critic_scheduler.pt", weights_only=True))
+        trainer.critic_scheduler.load_state_dict(load_pickle(path / "critic_scheduler.pt"))
     note = restore_process_state(acc, path, state, trainer.data)
     if note and acc.is_main_process:
         trainer.console.print(f"[yellow]{note}[/]", soft_wrap=True)

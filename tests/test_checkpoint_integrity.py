@@ -1,0 +1,171 @@
+"""Damaged checkpoints: one line naming the file, ``--resume`` falls back to the newest
+complete checkpoint and says so, and nothing from a checkpoint is unpickled unless it is
+this user's own.
+
+Real runs: ``zsearch sft`` on the tiny model writes step-2 and step-4 checkpoints (about a
+second), and the tests damage them the ways a full disk, a killed copy or a hostile file
+would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from zsearch_cli.cli import app
+from zsearch_cli.errors import ZsearchError
+from zsearch_cli.train import checkpoint as ckpt
+
+runner = CliRunner()
+ARGS = ("--max-steps", "4", "--lr", "1e-3", "--batch-size", "2", "--eval-fraction", "0", "--save-every", "2",
+        "--device", "cpu", "--keep-checkpoints", "3")
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    """A private $ZSEARCH_CACHE, so the signing key is this test's."""
+    monkeypatch.setenv("ZSEARCH_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def run(tmp_path, tiny_model_dir) -> tuple[Path, list[str]]:
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Question {i}?", "completion": f"Answer {i}."}) + "\n"
+                            for i in range(6)))
+    out = tmp_path / "run"
+    base = ["sft", str(data), "--model", str(tiny_model_dir), "--out", str(out), *ARGS]
+    result = runner.invoke(app, base)
+    assert result.exit_code == 0, result.output
+    shutil.rmtree(out / "final")  # as if killed after the step-4 checkpoint
+    return out, base
+
+
+def _resume(base: list[str], steps: int = 6):
+    argv = [a for a in base]
+    argv[argv.index("--max-steps") + 1] = str(steps)
+    return runner.invoke(app, [*argv, "--resume"])
+
+
+def _one_line(result) -> str:
+    lines = [ln for ln in result.output.strip().splitlines() if ln.startswith("error:")]
+    assert result.exit_code == 2 and len(lines) == 1 and "Traceback" not in result.output, result.output
+    return lines[0]
+
+
+def test_a_checkpoint_is_complete_only_with_its_manifest_and_sizes(run):
+    out, _ = run
+    step4 = out / "checkpoints" / "step-4"
+    manifest = json.loads((step4 / ckpt.MANIFEST).read_text())
+    assert {"optimizer.pt", "scheduler.pt", "rng.pt", "model.safetensors", ckpt.STATE_FILE} <= set(manifest["files"])
+    assert all("sha256" in e for n, e in manifest["files"].items() if n.endswith(".pt"))
+    assert ckpt.checkpoint_problem(step4) is None
+    (step4 / "scheduler.pt").write_bytes((step4 / "scheduler.pt").read_bytes() + b"x")
+    assert "scheduler.pt has" in ckpt.checkpoint_problem(step4)
+
+
+@pytest.mark.parametrize("damage, named", [
+    (lambda d: (d / "optimizer.pt").unlink(), "optimizer.pt is missing"),
+    (lambda d: os.truncate(d / "model.safetensors", (d / "model.safetensors").stat().st_size // 2),
+     "model.safetensors"),
+    (lambda d: (d / "zsearch-manifest.json").unlink(), "optimizer.pt"),  # killed before the manifest; legacy rules apply
+])
+def test_resume_falls_back_to_the_newest_complete_checkpoint_and_says_so(run, damage, named):
+    out, base = run
+    if named == "optimizer.pt":  # without a manifest, make the legacy check find something missing too
+        (out / "checkpoints" / "step-4" / "optimizer.pt").unlink()
+    damage(out / "checkpoints" / "step-4")
+    result = _resume(base)
+    assert result.exit_code == 0, result.output
+    text = " ".join(result.output.split())
+    assert "skipping step-4" in text and named in text and "using step-2" in text, text
+    assert "resuming from" in text and "step 2/" in text, text
+
+
+def test_no_complete_checkpoint_is_one_line_naming_the_file(run):
+    out, base = run
+    for step in ("step-2", "step-4"):
+        (out / "checkpoints" / step / "optimizer.pt").unlink()
+    line = _one_line(_resume(base))
+    assert "step-4" in line and "optimizer.pt is missing" in line, line
+
+
+def test_a_corrupt_pickle_of_the_right_size_is_one_line_naming_it(run):
+    out, base = run
+    for step in ("step-2", "step-4"):
+        path = out / "checkpoints" / step / "rng.pt"
+        path.write_bytes(b"\0" * path.stat().st_size)  # same size: passes the completeness check
+    line = _one_line(_resume(base))
+    assert "rng.pt" in line and "damaged" in line, line
+
+
+class _Payload:
+    """A pickle that runs code when loaded: what a crafted checkpoint would carry."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+def _fake_deepspeed_accelerator():
+    class Acc:
+        distributed_type = "DEEPSPEED"
+        num_processes = 1
+
+    return Acc()
+
+
+def test_deepspeed_resume_never_unpickles_a_foreign_file(tmp_path):
+    # Before: ZeRO partitions were read with torch.load(weights_only=False), so this file
+    # ran its payload on --resume.
+    marker = tmp_path / "pwned"
+    folder = tmp_path / "step-1"
+    folder.mkdir()
+    with open(folder / "optimizer.pt", "wb") as fh:
+        pickle.dump({"zero_partitions": [_Payload(marker)]}, fh)
+    with pytest.raises(ZsearchError, match=r"optimizer.pt: .*did not write it"):
+        ckpt.load_optimizer_state(_fake_deepspeed_accelerator(), None, None, folder / "optimizer.pt")
+    assert not marker.exists()
+    # a manifest listing its hash is not enough: it must be signed with this user's key
+    ckpt.write_manifest(folder)
+    manifest = json.loads((folder / ckpt.MANIFEST).read_text())
+    manifest["hmac_sha256"] = "0" * 64
+    (folder / ckpt.MANIFEST).write_text(json.dumps(manifest))
+    with pytest.raises(ZsearchError, match="did not write it"):
+        ckpt.load_pickle(folder / "optimizer.pt", trusted_objects=True)
+    assert not marker.exists()
+
+
+def test_deepspeed_objects_load_from_a_file_this_user_wrote(tmp_path):
+    folder = tmp_path / "step-1"
+
+    def write(tmp: Path) -> None:
+        torch.save({"zero_partitions": [{"loss_scaler": _Scaler(), "state": torch.ones(2)}]}, tmp / "optimizer.pt")
+
+    ckpt.atomic_dir(folder, write)
+    state = ckpt.load_pickle(folder / "optimizer.pt", trusted_objects=True)
+    assert isinstance(state["zero_partitions"][0]["loss_scaler"], _Scaler)
+    # and the same file, changed by one byte after signing, is refused
+    data = bytearray((folder / "optimizer.pt").read_bytes())
+    data[-30] ^= 1
+    (folder / "optimizer.pt").write_bytes(bytes(data))
+    with pytest.raises(ZsearchError, match="optimizer.pt"):
+        ckpt.load_pickle(folder / "optimizer.pt", trusted_objects=True)
+    # outside DeepSpeed nothing but weights_only is ever tried
+    with pytest.raises(ZsearchError, match="damaged"):
+        ckpt.load_pickle(folder / "optimizer.pt")
+
+
+class _Scaler:
+    """Stands in for DeepSpeed's loss scaler: a plain object weights_only refuses."""
+
+    def __init__(self):
+        self.cur_scale = 65536.0
