@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from zsearch_cli.errors import ZsearchError, one_line
+from zsearch_cli.errors import ZsearchError, install_log_redaction, one_line
 
 try:  # recent typer ships its own copy of click
     from typer._click.exceptions import ClickException, NoArgsIsHelpError
@@ -29,6 +29,7 @@ except ImportError:  # pragma: no cover - older typer on the real click
     from click.exceptions import ClickException, NoArgsIsHelpError
 
 err_console = Console(stderr=True)
+install_log_redaction()  # every command imports this module: no log line shows a secret
 
 CONFIG_FILE = "zsearch.config_file"
 CONFIG_KEYS = "zsearch.config_keys"

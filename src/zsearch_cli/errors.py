@@ -47,3 +47,27 @@ def redact(text: str) -> str:
 def one_line(text: str) -> str:
     """``text`` redacted and on one line (a library's multi-line message folded)."""
     return " ".join(redact(str(text)).split())
+
+
+def install_log_redaction() -> None:
+    """Redact every log record of every library (urllib3 logs request URLs, and SerpAPI's
+    carry the key) at creation, so no handler ever sees a secret. Idempotent."""
+    import logging
+
+    factory = logging.getLogRecordFactory()
+    if getattr(factory, "zsearch_redacts", False):
+        return
+
+    def redacting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        record = factory(*args, **kwargs)
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a malformed record is logging's business, not ours
+            return record
+        clean = redact(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        return record
+
+    redacting.zsearch_redacts = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(redacting)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -23,6 +22,7 @@ import pyarrow.parquet as pq
 
 from zsearch_cli import __version__
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.files import mkstemp_like_open
 
 META_VERSION = b"zsearch.version"
 META_ARTIFACT = b"zsearch.artifact"
@@ -483,7 +483,8 @@ class ArtifactWriter:
 
     def __enter__(self) -> "ArtifactWriter":
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, self._tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        # mode as open() would give it (mkstemp's 0600 would survive the rename)
+        fd, self._tmp = mkstemp_like_open(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
         os.close(fd)
         self._writer = pq.ParquetWriter(self._tmp, self.schema, compression="zstd")
         return self

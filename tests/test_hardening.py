@@ -1,0 +1,109 @@
+"""Hardening of files and secrets: written files follow the umask, and no message or log
+line shows an API key."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import stat
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from zsearch_cli.cli import app
+from zsearch_cli.errors import ZsearchError
+
+runner = CliRunner()
+
+
+@pytest.fixture(params=[0o022, 0o002], ids=["umask022", "umask002"])
+def umask(request):
+    old = os.umask(request.param)
+    yield request.param
+    os.umask(old)
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_parquet_outputs_follow_the_umask(tmp_path, umask):
+    # Before: mkstemp's 0600 survived the atomic rename, whatever the umask.
+    from zsearch_cli.schemas import QA, write_artifact
+
+    path = write_artifact([{"id": "1", "question": "q?", "golden_answers": ["a"], "metadata": "{}"}],
+                          tmp_path / "qa.parquet", QA)
+    assert _mode(path) == 0o666 & ~umask
+
+
+def test_index_folders_follow_the_umask(tmp_path, umask):
+    # Before: mkdtemp's 0700 became the index folder's mode.
+    out = tmp_path / "index"
+    result = runner.invoke(app, ["index", "--out", str(out), "--kind", "bm25"])
+    assert result.exit_code == 0, result.output
+    assert _mode(out) == 0o777 & ~umask
+    for p in out.rglob("*"):
+        assert _mode(p) == (0o777 if p.is_dir() else 0o666) & ~umask, p
+
+
+def test_checkpoint_folders_follow_the_umask(tmp_path, umask, monkeypatch):
+    # Before: a fixed 0755, so group members could not write under umask 002.
+    from zsearch_cli.train.checkpoint import atomic_dir
+
+    monkeypatch.setenv("ZSEARCH_CACHE", str(tmp_path / "cache"))
+    folder = atomic_dir(tmp_path / "step-1", lambda tmp: (tmp / "trainer_state.json").write_text("{}"))
+    assert _mode(folder) == 0o777 & ~umask
+    assert _mode(folder / "trainer_state.json") == 0o666 & ~umask
+    # the signing key is the one exception: a secret stays the user's own
+    assert _mode(tmp_path / "cache" / "checkpoint.key") == 0o600
+
+
+# ----------------------------------------------------------------------------- secrets
+
+KEY = "sk-serp-5e3f9a1b7c"
+
+
+def test_redact_knows_keys_tokens_and_passwords(monkeypatch):
+    from zsearch_cli.errors import redact
+
+    monkeypatch.setenv("SERPAPI_API_KEY", KEY)
+    text = redact(f"GET https://serpapi.com/search.json?q=x&api_key={KEY}&num=3 and {KEY} alone, "
+                  "Authorization: Bearer abcdefgh12345678, http://user:hunter22@host/v1, 'api_key': 'zzzz9999'")
+    assert KEY not in text and "abcdefgh12345678" not in text and "hunter22" not in text and "zzzz9999" not in text
+    assert "q=x" in text and "num=3" in text and "host/v1" in text
+
+
+def test_serpapi_key_is_not_in_errors():
+    # Before: requests' ConnectionError names the URL, api_key=... included.
+    from zsearch_cli.search.base import SearchRequest
+    from zsearch_cli.search.web import SerpAPISearch
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    search = SerpAPISearch(api_key=KEY, base_url=f"http://127.0.0.1:{port}/search.json", timeout=1, retries=1,
+                           backoff=0)
+    with pytest.raises(ZsearchError) as info:
+        search.search([SearchRequest("q", "r0", "q?", ("a",))], 3)
+    assert "search.json" in str(info.value) and KEY not in str(info.value)
+
+
+def test_cli_errors_and_log_lines_are_redacted(monkeypatch, caplog, capsys):
+    monkeypatch.setenv("SERPAPI_API_KEY", KEY)
+    from zsearch_cli.config import stage
+
+    @stage
+    def failing() -> None:
+        raise ZsearchError(f"https://serpapi.com/search.json?q=x&api_key={KEY} failed")
+
+    with pytest.raises(BaseException):
+        failing()
+    err = capsys.readouterr().err
+    assert "error:" in err and "q=x" in err and KEY not in err
+    # any library's log line: urllib3 logs the request URL (with the key) at DEBUG
+    with caplog.at_level(logging.DEBUG):
+        logging.getLogger("urllib3.connectionpool").debug('%s://%s "GET %s"', "https", "serpapi.com",
+                                                          f"/search.json?api_key={KEY}")
+    assert caplog.records and all(KEY not in r.getMessage() for r in caplog.records)
