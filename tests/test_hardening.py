@@ -107,3 +107,63 @@ def test_cli_errors_and_log_lines_are_redacted(monkeypatch, caplog, capsys):
         logging.getLogger("urllib3.connectionpool").debug('%s://%s "GET %s"', "https", "serpapi.com",
                                                           f"/search.json?api_key={KEY}")
     assert caplog.records and all(KEY not in r.getMessage() for r in caplog.records)
+
+
+# ----------------------------------------------------------------------------- error content
+
+
+def _qa_rows(bad_row: int, bad_answers) -> list[dict]:
+    rows = [{"id": str(i), "question": f"q{i}?", "golden_answers": [f"a{i}"]} for i in range(4)]
+    rows[bad_row]["golden_answers"] = bad_answers
+    return rows
+
+
+@pytest.mark.parametrize("answers, needle", [
+    ([1, 2], "must be a list of strings"),      # before: "has a value of the wrong type", no row
+    (["a", None], "null"),                     # before: accepted, then crashed in scoring
+    (["a", 3.5], "must be a list of strings"),
+])
+def test_jsonl_bad_golden_answers_name_the_row_and_column(tmp_path, answers, needle):
+    import json
+
+    from zsearch_cli.schemas import QA, read_artifact
+
+    path = tmp_path / "qa.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in _qa_rows(2, answers)))
+    with pytest.raises(ZsearchError) as info:
+        read_artifact(path, QA)
+    message = str(info.value)
+    assert f"{path}: row 2: column 'golden_answers'" in message and needle in message, message
+
+
+def test_parquet_wrong_types_name_the_row_and_column(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from zsearch_cli.schemas import QA, TRAJECTORY, read_artifact
+
+    # golden_answers as list<int64> (the reported case): row 0 is the first bad one
+    path = tmp_path / "qa.parquet"
+    pq.write_table(pa.table({"id": ["0", "1"], "question": ["q?", "r?"], "golden_answers": [[1], [2]]}), path)
+    with pytest.raises(ZsearchError, match=r"row 0: column 'golden_answers' must be a list of strings"):
+        read_artifact(path, QA)
+    # a null inside the list, in Parquet
+    pq.write_table(pa.table({"id": ["0", "1"], "question": ["q?", "r?"], "golden_answers": [["a"], ["b", None]]}),
+                   path)
+    with pytest.raises(ZsearchError, match=r"row 1: column 'golden_answers' holds a null"):
+        read_artifact(path, QA)
+    # an int column that does not fit its type (int64 -> int32) at row 1
+    from zsearch_cli.schemas import TRAJECTORY as T
+
+    table = pa.table({f.name: pa.nulls(2, f.type) for f in T.schema})
+    table = table.set_column(T.schema.get_field_index("sample_index"), "sample_index",
+                             pa.array([0, 2**40], pa.int64()))
+    path = tmp_path / "traj.parquet"
+    pq.write_table(table, path)
+    with pytest.raises(ZsearchError, match=r"row 1: column 'sample_index'"):
+        read_artifact(path, TRAJECTORY)
+    # a string column where a number belongs
+    table = table.set_column(T.schema.get_field_index("sample_index"), "sample_index", pa.array(["0", "x"]))
+    pq.write_table(table, path)
+    with pytest.raises(ZsearchError, match=r"row 0: column 'sample_index' must be int32"):
+        read_artifact(path, TRAJECTORY)
