@@ -169,3 +169,29 @@ class _Scaler:
 
     def __init__(self):
         self.cur_scale = 65536.0
+
+
+def test_a_truncated_model_file_is_one_line_naming_it(tmp_path, tiny_model_dir):
+    # Before: safetensors' own traceback (SafetensorError) from `eval --model`.
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, model)
+    weights = model / "model.safetensors"
+    os.truncate(weights, weights.stat().st_size - 100)
+    line = _one_line(runner.invoke(app, ["eval", "--model", str(model), "--method", "direct", "--limit", "1",
+                                         "--out", str(tmp_path / "eval"), "--device", "cpu"]))
+    assert "model.safetensors is truncated" in line and str(model) in line, line
+
+
+def test_pruning_never_removes_the_last_complete_checkpoint(tmp_path):
+    # step-4 is damaged; a resumed run from step-2 saves step-3 with keep=1: step-3 stays,
+    # step-2 goes, and the damaged step-4 is neither counted nor trusted.
+    root = tmp_path / "checkpoints"
+    for step in (2, 3, 4):
+        ckpt.atomic_dir(root / f"step-{step}", lambda d: (d / ckpt.STATE_FILE).write_text("{}"))
+    (root / "step-4" / ckpt.STATE_FILE).write_text("{} ")
+    assert [n for n, _ in ckpt.checkpoints(tmp_path)] == [2, 3]
+    for _, old in ckpt.checkpoints(tmp_path)[:-1]:
+        shutil.rmtree(old)
+    notes = []
+    assert ckpt.latest_checkpoint(tmp_path, note=notes.append) == root / "step-3"
+    assert "skipping step-4" in notes[0] and ckpt.STATE_FILE in notes[0]

@@ -4,11 +4,16 @@ would, including the files and folders it first writes under a temporary name.
 Why: ``tempfile.mkstemp`` creates files 0600 and ``mkdtemp`` folders 0700 whatever the
 umask, so an atomic write (temp name, then rename) would leave outputs readable by their
 owner only, where a shared cluster (umask 002 or 022) expects group-readable results.
+
+Also :func:`safetensors_problem`, the cheap check (header only) that a weights file is
+whole, so a cut copy is one line naming it rather than a loader's traceback.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import struct
 import tempfile
 import threading
 from pathlib import Path
@@ -41,3 +46,26 @@ def mkdtemp_like_mkdir(**kwargs) -> Path:
     path = Path(tempfile.mkdtemp(**kwargs))
     path.chmod(umask_mode(0o777))
     return path
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """Why ``path`` is not a whole safetensors file (from its own header), or None."""
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+            if len(head) < 8:
+                return f"{path.name} is truncated ({size} bytes)"
+            (n,) = struct.unpack("<Q", head)
+            if n > size - 8:
+                return f"{path.name} is truncated (header of {n} bytes, file of {size})"
+            header = json.loads(fh.read(n))
+    except (OSError, ValueError, UnicodeDecodeError) as err:
+        return f"{path.name} is not a safetensors file ({type(err).__name__})"
+    try:
+        end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+    except (AttributeError, KeyError, TypeError, IndexError, ValueError):
+        return f"{path.name} has a malformed safetensors header"
+    if size < 8 + n + end:
+        return f"{path.name} is truncated ({size} bytes, its header needs {8 + n + end})"
+    return None

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.files import mkdtemp_like_mkdir
+from zsearch_cli.files import mkdtemp_like_mkdir, safetensors_problem
 
 if TYPE_CHECKING:
     import torch
@@ -236,6 +236,10 @@ def load_model(
     from transformers import AutoModelForCausalLM
 
     path = resolve_model_path(name_or_path)
+    for weights in sorted(Path(path).glob("*.safetensors")) if Path(path).is_dir() else []:
+        problem = safetensors_problem(weights)  # a cut file is one line, not safetensors' traceback
+        if problem:
+            raise ZsearchError(f"{weights.parent}: {problem}; copy or write the model again")
     if is_lora_checkpoint(path):
         return _load_lora_merged(path, device, dtype, trainable)
     tokenizer = load_tokenizer(path)

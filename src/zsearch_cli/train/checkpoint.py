@@ -59,7 +59,6 @@ import random
 import re
 import secrets
 import shutil
-import struct
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -68,6 +67,7 @@ import numpy as np
 import torch
 
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.files import safetensors_problem
 
 STATE_FILE = "trainer_state.json"
 RANKS_FILE = "ranks.pt"
@@ -79,8 +79,8 @@ _LEGACY_REQUIRED = (STATE_FILE, "optimizer.pt", "scheduler.pt", "rng.pt")
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors")
 
 
-def checkpoints(out: Path) -> list[tuple[int, Path]]:
-    """Checkpoint folders under OUT/checkpoints (complete or not), oldest first."""
+def _step_dirs(out: Path) -> list[tuple[int, Path]]:
+    """Every ``step-N`` folder under OUT/checkpoints, complete or not, oldest first."""
     root = Path(out) / "checkpoints"
     found = []
     if root.is_dir():
@@ -91,13 +91,19 @@ def checkpoints(out: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
+def checkpoints(out: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints under OUT/checkpoints, oldest first. Pruning to ``keep`` counts
+    these only, so a damaged newer folder never pushes the last good one out."""
+    return [(n, p) for n, p in _step_dirs(out) if checkpoint_problem(p) is None]
+
+
 def latest_checkpoint(out: Path, note: Callable[[str], None] | None = None) -> Path | None:
     """The newest *complete* checkpoint under OUT/checkpoints (see the module docstring).
 
     Newer incomplete ones are skipped, and ``note`` (default: a yellow line on stderr from
     the main process) says which and why. None when there are no checkpoints; a
     :class:`ZsearchError` naming the damaged file when there are some but none is complete."""
-    found = checkpoints(out)
+    found = _step_dirs(out)
     skipped: list[str] = []
     for _, path in reversed(found):
         problem = checkpoint_problem(path)
@@ -180,26 +186,6 @@ def _read_manifest(folder: Path) -> dict[str, Any] | None:
     if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
         raise ZsearchError(f"{folder / MANIFEST}: not a zsearch checkpoint manifest")
     return manifest
-
-
-def safetensors_problem(path: Path) -> str | None:
-    """Why ``path`` is not a whole safetensors file (from its own header), or None."""
-    try:
-        size = path.stat().st_size
-        with open(path, "rb") as fh:
-            head = fh.read(8)
-            if len(head) < 8:
-                return f"{path.name} is truncated ({size} bytes)"
-            (n,) = struct.unpack("<Q", head)
-            if n > size - 8:
-                return f"{path.name} is truncated (header of {n} bytes, file of {size})"
-            header = json.loads(fh.read(n))
-    except (OSError, ValueError, UnicodeDecodeError) as err:
-        return f"{path.name} is not a safetensors file ({type(err).__name__})"
-    end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
-    if size < 8 + n + end:
-        return f"{path.name} is truncated ({size} bytes, its header needs {8 + n + end})"
-    return None
 
 
 def checkpoint_problem(folder: Path) -> str | None:
