@@ -167,3 +167,19 @@ def test_parquet_wrong_types_name_the_row_and_column(tmp_path):
     pq.write_table(table, path)
     with pytest.raises(ZsearchError, match=r"row 0: column 'sample_index' must be int32"):
         read_artifact(path, TRAJECTORY)
+
+
+def test_search_r1_parquet_with_a_null_gold_names_the_row(tmp_path):
+    # Before: str(None) made the gold answer the string "None", silently.
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from zsearch_cli.data.qa import load_qa
+
+    path = tmp_path / "train.parquet"
+    pq.write_table(pa.table({
+        "question": ["Who?", "What?"],
+        "reward_model": [{"ground_truth": {"target": ["Bob"]}}, {"ground_truth": {"target": ["x", None]}}],
+    }), path)
+    with pytest.raises(ZsearchError, match=r"row 1: column 'reward_model.ground_truth.target'"):
+        load_qa(path)
