@@ -130,7 +130,7 @@ def test_deepspeed_resume_never_unpickles_a_foreign_file(tmp_path):
     folder = tmp_path / "step-1"
     folder.mkdir()
     with open(folder / "optimizer.pt", "wb") as fh:
-        pickle.dump({"zero_partitions": [_Payload(marker)]}, fh)
+        pickle.dump({"zero_partitions": [_Payload(marker)]}, fh, protocol=2)
     with pytest.raises(ZsearchError, match=r"optimizer.pt: .*did not write it"):
         ckpt.load_optimizer_state(_fake_deepspeed_accelerator(), None, None, folder / "optimizer.pt")
     assert not marker.exists()
