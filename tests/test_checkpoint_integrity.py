@@ -195,3 +195,29 @@ def test_pruning_never_removes_the_last_complete_checkpoint(tmp_path):
     notes = []
     assert ckpt.latest_checkpoint(tmp_path, note=notes.append) == root / "step-3"
     assert "skipping step-4" in notes[0] and ckpt.STATE_FILE in notes[0]
+
+
+@pytest.fixture(scope="module")
+def demo_index(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("integrity") / "index"
+    result = runner.invoke(app, ["index", "--out", str(out), "--kind", "bm25"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def test_train_resume_skips_a_truncated_checkpoint(tmp_path, tiny_model_dir, demo_index):
+    # The RL trainer's --resume: step-2's weights are cut short (a full disk, a killed copy).
+    out = tmp_path / "train"
+    argv = ["train", "--model", str(tiny_model_dir), "--index", str(demo_index), "--out", str(out),
+            "--steps", "2", "--save-every", "1", "--batch-size", "2", "-G", "2", "--max-turns", "1",
+            "--max-turn-tokens", "8", "--device", "cpu", "--keep-checkpoints", "3"]
+    assert runner.invoke(app, argv).exit_code == 0
+    shutil.rmtree(out / "final")
+    weights = out / "checkpoints" / "step-2" / "model.safetensors"
+    os.truncate(weights, weights.stat().st_size - 1)
+    argv[argv.index("--steps") + 1] = "3"
+    result = runner.invoke(app, [*argv, "--resume"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 0, text
+    assert "skipping step-2 (model.safetensors" in text and "using step-1" in text, text
+    assert "resuming from" in text and "step 1/3" in text, text
