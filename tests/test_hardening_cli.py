@@ -177,6 +177,8 @@ def test_click_usage_errors_are_one_line_too():
 def test_help_and_version_still_work():
     assert runner.invoke(app, ["--version"]).exit_code == 0
     result = runner.invoke(app, ["eval", "--help"])
-    assert result.exit_code == 0 and "--batch-size" in result.output
+    assert result.exit_code == 0 and "--batch-size" in result.output and "(accepts" in result.output
+    eval_cmd = typer.main.get_command(app).commands["eval"]  # --help tells the range it checks
+    assert next(p.help for p in eval_cmd.params if p.name == "batch_size").endswith("(accepts >= 1)")
     result = runner.invoke(app, [])  # no_args_is_help: the help, not an "error:" line
     assert "Usage" in result.output and "error:" not in result.output

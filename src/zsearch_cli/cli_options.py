@@ -58,13 +58,13 @@ class Range:
         below = value < self.hi if self.hi_open else value <= self.hi
         return above and below
 
-    def describe(self) -> str:
+    def describe(self, why: bool = True) -> str:
         lo_bound, hi_bound = self.lo != -INF, self.hi != INF
         lo = f"{'>' if self.lo_open else '>='} {self.lo:g}"
         hi = f"{'<' if self.hi_open else '<='} {self.hi:g}"
         text = (f"{lo} and {hi}" if lo_bound and hi_bound else lo if lo_bound else hi if hi_bound
                 else "a finite number")
-        return f"{text} ({self.why})" if self.why else text
+        return f"{text} ({self.why})" if self.why and why else text
 
 
 AT_LEAST_0 = Range(0)

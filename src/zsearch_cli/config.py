@@ -122,6 +122,10 @@ class OneLineErrors(TyperGroup):
     config value of the wrong type) is one ``error:`` line and exit status 2, like every
     other zsearch error, instead of click's usage box."""
 
+    def __init__(self, **kwargs: Any):
+        super().__init__(**kwargs)
+        _show_ranges_in_help(self.commands)
+
     def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
         if not standalone_mode:
@@ -138,6 +142,18 @@ class OneLineErrors(TyperGroup):
             print_error("aborted")
             sys.exit(1)
         sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _show_ranges_in_help(commands: dict[str, Any]) -> None:
+    """Append each numeric option's accepted range to its help text, so ``--help`` says
+    what the check in :func:`check_ranges` will accept."""
+    from zsearch_cli.cli_options import ANY, range_for
+
+    for name, cmd in commands.items():
+        for p in getattr(cmd, "params", []):
+            rng = range_for(name, p.name) if getattr(p, "help", None) is not None else None
+            if rng is not None and rng != ANY and "(accepts " not in p.help:
+                p.help = f"{p.help.rstrip()} (accepts {rng.describe(why=False)})"
 
 
 def _usage_message(err: Any) -> str:
