@@ -86,7 +86,8 @@ def _worker(argv: list[str]) -> None:
         _shard_on_cpu()
     out = Path(argv[argv.index("--out") + 1])
     rank = int(os.environ.get("RANK", "0"))
-    collect.outcome_reward = lambda text, *args, **kwargs: len(text) / 1000  # differs within every group
+    # the model's text length: differs within every group (the turns list, or one string)
+    collect.outcome_reward = lambda text, *args, **kwargs: len(text if isinstance(text, str) else "".join(text)) / 1000
     atomic_dir = checkpoint.atomic_dir
 
     def logged_atomic_dir(target: Path, write: Any) -> Path:
