@@ -23,7 +23,7 @@ METRIC_VERSION = "squad-v1"
 """Bump when ``rewards.score_answer`` changes. v1: SQuAD normalisation (lowercase, drop
 punctuation and the articles a/an/the, collapse whitespace); EM = a normalised gold equals
 the normalised prediction; subEM = a normalised gold is a substring of it; F1 over
-whitespace tokens, the best over the golds; no <answer> scores 0 (tests/test_protocol.py pins it)."""
+whitespace tokens, the best over the golds; no <answer> scores 0 (tests/test_eval_protocol.py pins it)."""
 
 _SAMPLE_BYTES = 1 << 20
 _WEIGHT_GLOBS = ("*.safetensors", "*.bin", "*.pt", "config.json", "adapter_config.json", "*.gguf")

@@ -383,7 +383,8 @@ def print_summaries(summaries: Sequence[dict[str, Any]], protocols: Sequence[Pro
         return
     table = Table(title="zsearch eval")
     for col in ("dataset", "method", "n", "missing", "EM", "F1", "subEM", "answered", "searches", "turns"):
-        table.add_column(col, justify="left" if col in ("dataset", "method") else "right")
+        # fold, never cut with an ellipsis: a dataset key must stay readable in a narrow terminal
+        table.add_column(col, justify="left" if col in ("dataset", "method") else "right", overflow="fold")
     for s in summaries:
         n = f"{s['n']}" + ("" if s.get("full_set", True) else f" (--limit {s.get('limit')})")
         table.add_row(s["dataset"], s["method"], n, str(s.get("missing", 0)), f"{s['em']:.3f}", f"{s['f1']:.3f}",
