@@ -255,7 +255,9 @@ def training_protocol(config: Mapping[str, Any]) -> Protocol:
     from zsearch_cli.data.qa import dataset_key
 
     data = config.get("train_data") or config.get("data")
-    if data:
+    if config.get("algo") == "hrpo":  # the Dr. Zero proposer draws seed passages, not QA: see corpus_*
+        key, split, fingerprint = "corpus", None, None
+    elif data:
         files = [p.strip() for p in str(data).split(",") if p.strip()]
         key, split = ",".join(dataset_key(Path(f), None)[0] for f in files), None
         fingerprint = file_fingerprint(*files)
