@@ -236,3 +236,14 @@ def test_metric_definition_matches_its_version():
     s = score_answer("the playwright Shakespeare", ["Shakespeare"])
     assert (s["em"], s["subem"]) == (0.0, 1.0) and s["f1"] == pytest.approx(2 / 3)
     assert score_answer(None, ["x"]) == {"em": 0.0, "f1": 0.0, "subem": 0.0}
+
+
+def test_train_and_eval_share_one_resume_rule():
+    from zsearch_cli.protocol import differing
+    from zsearch_cli.stages import evaluate
+    from zsearch_cli.train import sft, trainer
+
+    # every key of `now` that differs and may not change is named, old -> new; a key the saved
+    # run lacks counts as differing (None -> value)
+    assert differing({"a": 1, "b": 2}, {"a": 1, "b": 3, "c": 4, "d": 5}, {"c"}) == ["b=2->3", "d=None->5"]
+    assert trainer.differing is sft.differing is evaluate.differing is differing

@@ -86,7 +86,10 @@ class Protocol:
             if self.encoder:
                 ret += f" encoder={self.encoder}"
             parts += [corpus, ret, f"top-{self.topk}"]
-        parts.append(f"turns {self.max_turns} x {self.max_turn_tokens} tok, obs {self.max_obs_tokens} tok")
+        if self.max_turns:
+            parts.append(f"turns {self.max_turns} x {self.max_turn_tokens} tok, obs {self.max_obs_tokens} tok")
+        else:
+            parts.append(f"one turn of {self.max_turn_tokens} tok")
         parts.append(f"prompt {self.prompt}")
         parts.append(f"metric {self.metric_version}")
         parts.append("greedy" if self.decoding == "greedy"
