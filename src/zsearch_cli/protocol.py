@@ -75,7 +75,7 @@ class Protocol:
 
     def one_line(self) -> str:
         """For humans, under ``zsearch eval``'s table."""
-        model = self.model + (f"@{self.model_revision[:16]}" if self.model_revision else "")
+        model = self.model + (f"@{self.model_revision[:24]}" if self.model_revision else "")
         parts = [f"model {model}" + (f" + adapter {self.adapter}" if self.adapter else "")]
         if self.retriever != "none":
             corpus = (f"corpus {self.corpus_fingerprint[:12]} ({self.corpus_size} docs)"
@@ -92,7 +92,7 @@ class Protocol:
             parts.append(f"one turn of {self.max_turn_tokens} tok")
         parts.append(f"prompt {self.prompt}")
         parts.append(f"metric {self.metric_version}")
-        parts.append("greedy" if self.decoding == "greedy"
+        parts.append(f"greedy (seed {self.seed})" if self.decoding == "greedy"
                      else f"sampling T={self.temperature:g} top-p={self.top_p:g} seed {self.seed}")
         return "protocol: " + "; ".join(parts)
 
