@@ -37,7 +37,7 @@ class Protocol:
     """--model as given: an HF id, a path or an alias."""
     model_revision: str | None
     """HF commit of a hub model (from the local hub cache), or ``sha256s:…`` of a local
-    folder's weights (size + first and last MiB of each file: changes whenever retraining does)."""
+    folder's weights (sampled: see _sampled_fingerprint)."""
     adapter: str | None
     """A LoRA adapter: its folder (eval of an adapter checkpoint; model = its base), or ``lora r=…`` (training)."""
     corpus_fingerprint: str | None
@@ -120,6 +120,9 @@ def file_fingerprint(*paths: str | Path) -> str | None:
 
 
 def _sampled_fingerprint(folder: Path) -> str | None:
+    """A cheap stand-in for hashing every weight (tens of GB): per file its name, its size,
+    the first and last MiB and 64 blocks of 64 KiB spread evenly over it. Training moves
+    nearly every weight, so a retrained folder differs; the cost is a few MiB of reads."""
     digest = hashlib.sha256()
     files = sorted({p for g in _WEIGHT_GLOBS for p in folder.glob(g) if p.is_file()})
     if not files:
@@ -127,11 +130,11 @@ def _sampled_fingerprint(folder: Path) -> str | None:
     for p in files:
         size = p.stat().st_size
         digest.update(f"{p.name}\0{size}\0".encode())
+        offsets = [0, max(0, size - _SAMPLE_BYTES)] + [size * i // 64 for i in range(1, 64)]
         with open(p, "rb") as fh:
-            digest.update(fh.read(_SAMPLE_BYTES))
-            if size > _SAMPLE_BYTES:
-                fh.seek(max(_SAMPLE_BYTES, size - _SAMPLE_BYTES))
-                digest.update(fh.read())
+            for i, offset in enumerate(offsets):
+                fh.seek(offset)
+                digest.update(fh.read(_SAMPLE_BYTES if i < 2 else 1 << 16))
     return "sha256s:" + digest.hexdigest()[:32]
 
 
