@@ -218,6 +218,11 @@ def test_training_metrics_carry_the_protocol(tmp_path, tiny_model_dir, demo_inde
     assert read_metadata(tmp_path / "metrics.parquet")["protocol"] == training_protocol(cfg.to_dict()).as_dict()
     # the per-step jsonl (and trackers) get metrics only
     assert "corpus_fingerprint" not in json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    # sft: no rollout, nothing sampled
+    from zsearch_cli.train.sft import SFTConfig
+
+    sft = training_protocol(SFTConfig(model=str(tiny_model_dir), data="d.jsonl", out=tmp_path).to_dict())
+    assert (sft.retriever, sft.decoding, sft.prompt, sft.dataset) == ("none", "none", "sft", "d.jsonl")
 
 
 def test_protocol_columns_are_declared_once():

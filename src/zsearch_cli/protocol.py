@@ -56,7 +56,7 @@ class Protocol:
     """The action protocol / method and a hash of the prompt text actually sent."""
     metric_version: str
     decoding: str
-    """greedy (temperature 0) or sampling (``unknown`` for another system's predictions)."""
+    """greedy (temperature 0) or sampling; ``unknown`` for another system's predictions, ``none`` for sft."""
     temperature: float | None
     top_p: float | None
     seed: int | None
@@ -246,9 +246,9 @@ def build_protocol(options: Mapping[str, Any], *, dataset: str, dataset_fingerpr
         model=model, model_revision=revision, adapter=model_adapter or adapter, **ret,
         topk=num("topk", retrieves), max_turns=num("max_turns", agent) if agent else 0,
         max_turn_tokens=num("max_turn_tokens"), max_obs_tokens=num("max_obs_tokens", agent),
-        prompt=prompt_id(str(options.get("protocol") or "tags"), method, template),
-        metric_version=METRIC_VERSION,
-        decoding="greedy" if temperature == 0 else "sampling", temperature=temperature,
+        prompt="sft" if method == "sft" else prompt_id(str(options.get("protocol") or "tags"), method, template),
+        metric_version=METRIC_VERSION,  # sft: nothing is sampled, the loss is teacher-forced
+        decoding="none" if method == "sft" else "greedy" if temperature == 0 else "sampling", temperature=temperature,
         top_p=float(options.get("top_p") if options.get("top_p") is not None else 1.0),
         seed=int(options.get("seed") or 0),
         dataset=dataset, dataset_fingerprint=dataset_fingerprint, split=split, limit=limit, full_set=full_set,
