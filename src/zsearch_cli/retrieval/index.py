@@ -27,7 +27,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -224,10 +223,12 @@ def build_index(corpus: Path | None, out: Path, options: dict) -> Path:
         resolve_encoder(opts["encoder"])
         check_faiss_type(opts["faiss_type"].strip())
         pick_device(opts["device"])
+    from zsearch_cli.files import mkdtemp_like_mkdir
+
     _clean_stale_temps(out)
     # The owner's pid is in the name, so a later build can tell a killed build's leftovers
     # from a concurrent live one.
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.{os.getpid()}.", suffix=".tmp", dir=out.parent))
+    tmp = mkdtemp_like_mkdir(prefix=f".{out.name}.{os.getpid()}.", suffix=".tmp", dir=out.parent)  # mode as mkdir gives
     try:
         n_docs, fingerprint = _write_corpus(src, tmp / CORPUS_FILE)
         manifest: dict[str, Any] = {
