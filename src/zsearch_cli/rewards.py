@@ -173,13 +173,6 @@ def difficulty_reward(k: int, n: int) -> float:
     return (n - k) / (n - 1) if 0 < k < n else 0.0
 
 
-def solver_pass_count(solver_responses: Sequence[str], answer: str) -> int:
-    """k: how many solver responses EM-match the proposed answer. A response without an
-    answer tag counts as wrong (FORMULAS §1); Dr. Zero's code scores the raw text instead."""
-    preds = (extract_answer(r) for r in solver_responses)
-    return sum(1 for p in preds if p is not None and em(p, [answer]))
-
-
 def extract_question_answer(response: str) -> tuple[str | None, str | None]:
     """The proposer's last ``<question>`` and the last ``<answer>`` after it, stripped.
 

@@ -112,6 +112,20 @@ def k3_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
     return torch.exp(diff) - diff - 1.0
 
 
+def add_kl_penalty(pg_loss: Tensor, logp: Tensor, ref_logp: Tensor | None, mask: Tensor, beta: float) -> Tensor:
+    """pg_loss + β·(1/N) Σ_i (1/Σ_t I_{i,t}) Σ_t I_{i,t} D_t, the k3 KL term of the GRPO loss; with
+    β = 0, ``pg_loss`` itself (no reference needed).
+
+    The KL enters inside the same per-sequence token mean as the surrogate (GRPO, GSPO with
+    β > 0, HRPO with β > 0); splitting the sum is exact. logp, ref_logp, mask: [B, T].
+    """
+    if beta <= 0:
+        return pg_loss
+    if ref_logp is None:
+        raise ValueError(f"beta={beta} > 0 needs ref_logp")
+    return pg_loss + beta * seq_mean_token_mean(k3_kl(logp, ref_logp, mask), mask)
+
+
 def entropy_from_logits(logits: Tensor) -> Tensor:
     """H_t = logsumexp(z) − Σ_v softmax(z)_v z_v. logits [B, T, V] -> entropy [B, T].
 

@@ -29,11 +29,11 @@ from torch import Tensor
 
 from zsearch_cli.algos.common import (
     GroupIds,
+    add_kl_penalty,
     clipped_surrogate,
     detach_stats,
     expand_advantages,
     group_normalize,
-    k3_kl,
     policy_stats,
     seq_mean_token_mean,
     token_log_ratio,
@@ -87,12 +87,7 @@ def grpo_policy_loss(
     adv = expand_advantages(advantages, log_ratio)  # [B, T]
     pg, clipped = clipped_surrogate(log_ratio.exp(), adv, cfg.clip_eps_low, cfg.clip_eps_high)  # [B, T]
     pg_loss = seq_mean_token_mean(pg, mask)
-    loss = pg_loss
-    if cfg.beta > 0:
-        if ref_logp is None:
-            raise ValueError(f"beta={cfg.beta} > 0 needs ref_logp")
-        kl_loss = seq_mean_token_mean(k3_kl(logp, ref_logp, mask), mask)
-        loss = pg_loss + cfg.beta * kl_loss
+    loss = add_kl_penalty(pg_loss, logp, ref_logp, mask, cfg.beta)
     stats = policy_stats(log_ratio, clipped, mask, logp=logp, ref_logp=ref_logp, entropy=entropy)
     stats.update(loss=loss, pg_loss=pg_loss)
     return loss, detach_stats(stats)

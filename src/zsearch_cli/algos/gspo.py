@@ -24,17 +24,16 @@ import torch
 from torch import Tensor
 
 from zsearch_cli.algos.common import (
+    add_kl_penalty,
     bool_mask,
     clipped_surrogate,
     detach_stats,
     expand_advantages,
-    k3_kl,
     masked_mean,
     policy_stats,
     seq_mean_token_mean,
     token_log_ratio,
 )
-from zsearch_cli.algos.grpo import grpo_advantages
 
 
 @dataclass(frozen=True)
@@ -56,10 +55,6 @@ class GSPOConfig:
     """δ in the GRPO advantage A = (r − mean)/(std + δ) (DSPO eq. 10)."""
     scale_std: bool = True
     """Divide the advantage by (std_g + δ) (DSPO eq. 10); False gives r − mean_g."""
-
-
-gspo_advantages = grpo_advantages
-"""GRPO's group z-score (DSPO eq. 10): A_i = (r_i − mean_g r)/(std_g r + δ); see :func:`grpo.grpo_advantages`."""
 
 
 def sequence_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
@@ -95,11 +90,7 @@ def gspo_policy_loss(
     adv = expand_advantages(advantages, log_s_tok)  # [B, T]
     pg, clipped = clipped_surrogate(log_s_tok.exp(), adv, cfg.clip_eps_low, cfg.clip_eps_high)  # [B, T]
     pg_loss = seq_mean_token_mean(pg, m)
-    loss = pg_loss
-    if cfg.beta > 0:
-        if ref_logp is None:
-            raise ValueError(f"beta={cfg.beta} > 0 needs ref_logp")
-        loss = pg_loss + cfg.beta * seq_mean_token_mean(k3_kl(logp, ref_logp, m), m)
+    loss = add_kl_penalty(pg_loss, logp, ref_logp, m, cfg.beta)
 
     with torch.no_grad():
         log_ratio = token_log_ratio(logp, old_logp, m)  # [B, T]

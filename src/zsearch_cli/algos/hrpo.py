@@ -25,11 +25,11 @@ from torch import Tensor
 
 from zsearch_cli.algos.common import (
     GroupIds,
+    add_kl_penalty,
     bool_mask,
     detach_stats,
     expand_advantages,
     group_normalize,
-    k3_kl,
     masked_mean,
     policy_stats,
     seq_mean_token_mean,
@@ -78,11 +78,7 @@ def hrpo_policy_loss(
     m = bool_mask(mask)
     adv = expand_advantages(advantages, logp)  # [B, T]
     pg_loss = seq_mean_token_mean(-adv * logp.float(), m)
-    loss = pg_loss
-    if cfg.beta > 0:
-        if ref_logp is None:
-            raise ValueError(f"beta={cfg.beta} > 0 needs ref_logp")
-        loss = pg_loss + cfg.beta * seq_mean_token_mean(k3_kl(logp, ref_logp, m), m)
+    loss = add_kl_penalty(pg_loss, logp, ref_logp, m, cfg.beta)
     with torch.no_grad():
         old = logp.detach() if old_logp is None else old_logp
         log_ratio = token_log_ratio(logp, old, m)  # [B, T]
