@@ -113,8 +113,8 @@ def k3_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
 
 
 def add_kl_penalty(pg_loss: Tensor, logp: Tensor, ref_logp: Tensor | None, mask: Tensor, beta: float) -> Tensor:
-    """pg_loss + β·(1/N) Σ_i (1/Σ_t I_{i,t}) Σ_t I_{i,t} D_t, the k3 KL term of the GRPO loss; with
-    β = 0, ``pg_loss`` itself (no reference needed).
+    """pg_loss + β·(1/N) Σ_i (1/Σ_t I_{i,t}) Σ_t I_{i,t} D_t, the k3 KL term of the GRPO loss
+    (Search-R1 eq. 3; docs/methods.md §4.1); with β = 0, ``pg_loss`` itself (no reference needed).
 
     The KL enters inside the same per-sequence token mean as the surrogate (GRPO, GSPO with
     β > 0, HRPO with β > 0); splitting the sum is exact. logp, ref_logp, mask: [B, T].
