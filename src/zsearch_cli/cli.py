@@ -12,7 +12,7 @@ import typer
 
 from zsearch_cli import __version__, cli_drzero, cli_train
 from zsearch_cli import cli_options as opt
-from zsearch_cli.config import ConfigOption, resolved_options, stage
+from zsearch_cli.config import ConfigOption, OneLineErrors, resolved_options, stage
 
 app = typer.Typer(
     name="zsearch",
@@ -20,6 +20,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=OneLineErrors,
 )
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -23,6 +22,7 @@ import pyarrow.parquet as pq
 
 from zsearch_cli import __version__
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.files import mkstemp_like_open
 
 META_VERSION = b"zsearch.version"
 META_ARTIFACT = b"zsearch.artifact"
@@ -284,10 +284,34 @@ def _type_ok(actual: pa.DataType, expected: pa.DataType) -> bool:
 
 def _describe(t: pa.DataType) -> str:
     if pa.types.is_list(t) or pa.types.is_large_list(t):
-        return f"a list of {_describe(t.value_type)}"
+        inner = t.value_type
+        return "a list of strings" if pa.types.is_string(inner) or pa.types.is_large_string(inner) \
+            else f"a list of {inner}"
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         return "a string"
     return str(t)
+
+
+def _fits(value: Any, expected: pa.DataType) -> bool:
+    """Whether a python value (not None) belongs in a column of type ``expected``."""
+    if pa.types.is_list(expected) or pa.types.is_large_list(expected):
+        return isinstance(value, list) and all(v is None or _fits(v, expected.value_type) for v in value)
+    if pa.types.is_string(expected) or pa.types.is_large_string(expected):
+        return isinstance(value, str)
+    if pa.types.is_boolean(expected):
+        return isinstance(value, bool)
+    if pa.types.is_integer(expected):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if pa.types.is_floating(expected):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return True
+
+
+def _got(value: Any) -> str:
+    if isinstance(value, list):
+        odd = next((v for v in value if v is not None and not isinstance(v, str)), None)
+        return f"a list holding {type(odd).__name__} {odd!r:.40}" if odd is not None else "a list"
+    return type(value).__name__
 
 
 def validate(table: pa.Table, artifact: Artifact, source: str | os.PathLike) -> pa.Table:
@@ -309,14 +333,17 @@ def validate(table: pa.Table, artifact: Artifact, source: str | os.PathLike) -> 
         col = table.column(fld.name)
         if not _type_ok(col.type, fld.type):
             bad_row = _first_bad_type_row(col, fld.type)
-            where = f" (row {bad_row})" if bad_row is not None else ""
+            where = f"row {bad_row}: " if bad_row is not None else ""
             raise ZsearchError(
-                f"{src}: column '{fld.name}' must be {_describe(fld.type)}, got {_describe(col.type)}{where}"
+                f"{src}: {where}column '{fld.name}' must be {_describe(fld.type)}, got {_describe(col.type)}"
             )
         try:
             cols.append(col.cast(fld.type))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
-            raise ZsearchError(f"{src}: column '{fld.name}' cannot be read as {_describe(fld.type)}: {err}") from None
+            bad_row = _first_uncastable_row(col, fld.type)
+            where = f"row {bad_row}: " if bad_row is not None else ""
+            raise ZsearchError(f"{src}: {where}column '{fld.name}' cannot be read as {_describe(fld.type)}: {err}") \
+                from None
     out = pa.Table.from_arrays(cols, schema=artifact.schema)
     for name in artifact.nonempty + ((artifact.unique,) if artifact.unique else ()):
         col = out.column(name)
@@ -327,6 +354,13 @@ def validate(table: pa.Table, artifact: Artifact, source: str | os.PathLike) -> 
             empty = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(col)), 0)
             if pc.any(empty).as_py():
                 raise ZsearchError(f"{src}: row {_first_true(empty)}: column '{name}' is empty")
+    for fld in artifact.schema:  # a null answer, doc id or document inside a list is never meant
+        if pa.types.is_list(fld.type) and pa.types.is_string(fld.type.value_type):
+            col = out.column(fld.name).combine_chunks()
+            inner_nulls = pc.is_null(pc.list_flatten(col))
+            if pc.any(inner_nulls).as_py():
+                row = pc.list_parent_indices(col)[_first_true(inner_nulls)].as_py()
+                raise ZsearchError(f"{src}: row {row}: column '{fld.name}' holds a null (a list of strings may not)")
     if artifact.unique:
         _check_unique(out.column(artifact.unique), artifact.unique, src)
     return out
@@ -337,14 +371,26 @@ def _first_true(mask: pa.ChunkedArray | pa.Array) -> int:
 
 
 def _first_bad_type_row(col: pa.ChunkedArray, expected: pa.DataType) -> int | None:
-    # Mixed JSON types are read as strings/structs by the jsonl loader; find the first row
-    # whose python value does not fit so the message can point at it.
+    """The first row whose python value does not fit ``expected`` (only on the error path:
+    the message must point at a row)."""
     for i, value in enumerate(col.to_pylist()):
-        if value is None:
-            continue
-        if pa.types.is_list(expected) and not isinstance(value, list):
+        if value is not None and not _fits(value, expected):
             return i
-        if pa.types.is_string(expected) and not isinstance(value, str):
+    return None
+
+
+def _converts(value: Any, expected: pa.DataType) -> bool:
+    try:
+        pa.array([value], type=expected)
+        return True
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
+        return False
+
+
+def _first_uncastable_row(col: pa.ChunkedArray, expected: pa.DataType) -> int | None:
+    """The first row whose value the cast to ``expected`` fails on (e.g. out of int32 range)."""
+    for i, value in enumerate(col.to_pylist()):
+        if value is not None and not _converts(value, expected):
             return i
     return None
 
@@ -415,20 +461,17 @@ def rows_to_table(rows: list[dict[str, Any]], artifact: Artifact, source: Path) 
             v = row.get(fld.name)
             if fld.name == "metadata" and v is not None and not isinstance(v, str):
                 v = json.dumps(v, ensure_ascii=False, sort_keys=True)
-            if v is not None:
-                if pa.types.is_list(fld.type) and not isinstance(v, list):
-                    raise ZsearchError(
-                        f"{source}: row {i}: column '{fld.name}' must be {_describe(fld.type)}, got {type(v).__name__}"
-                    )
-                if pa.types.is_string(fld.type) and not isinstance(v, str):
-                    raise ZsearchError(f"{source}: row {i}: column '{fld.name}' must be a string, got {type(v).__name__}")
+            if v is not None and not _fits(v, fld.type):
+                raise ZsearchError(f"{source}: row {i}: column '{fld.name}' must be {_describe(fld.type)}, got {_got(v)}")
             values.append(v)
         if all(v is None for v in values) and fld.name not in artifact.optional and fld.name not in rows[0]:
             raise ZsearchError(f"{source}: missing column '{fld.name}' (a {artifact.name} table needs it)")
         try:
             data[fld.name] = pa.array(values, type=fld.type)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
-            raise ZsearchError(f"{source}: column '{fld.name}' has a value of the wrong type ({err})") from None
+            row = next((i for i, v in enumerate(values) if not _converts(v, fld.type)), None)
+            where = f"row {row}: " if row is not None else ""
+            raise ZsearchError(f"{source}: {where}column '{fld.name}' has a value of the wrong type ({err})") from None
     return pa.table(data, schema=artifact.schema)
 
 
@@ -483,7 +526,8 @@ class ArtifactWriter:
 
     def __enter__(self) -> "ArtifactWriter":
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, self._tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        # mode as open() would give it (mkstemp's 0600 would survive the rename)
+        fd, self._tmp = mkstemp_like_open(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
         os.close(fd)
         self._writer = pq.ParquetWriter(self._tmp, self.schema, compression="zstd")
         return self

@@ -40,8 +40,12 @@ def _from_search_r1(table: pa.Table, path: Path) -> pa.Table:
         target = gt.get("target") if isinstance(gt, dict) else None
         if target is None:
             raise ZsearchError(f"{path}: row {i}: column 'reward_model.ground_truth.target' is missing")
-        if isinstance(target, str):
+        if isinstance(target, (str, int, float)) and not isinstance(target, bool):
             target = [target]
+        if not isinstance(target, (list, tuple)) or not target or any(t is None for t in target):
+            # str(None) would become the gold answer "None": refuse, naming the row
+            raise ZsearchError(f"{path}: row {i}: column 'reward_model.ground_truth.target' must be a non-empty "
+                               f"list of answers without nulls, got {target!r:.80}")
         question = rec.get("question")
         extra = rec.get("extra_info") or {}
         if question is None and isinstance(extra, dict):
