@@ -27,6 +27,7 @@ from zsearch_cli.files import mkstemp_like_open
 META_VERSION = b"zsearch.version"
 META_ARTIFACT = b"zsearch.artifact"
 META_CONFIG = b"zsearch.config"
+META_PROTOCOL = b"zsearch.protocol"
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,37 @@ EVAL_EXAMPLE = Artifact(
     unique="id",
 )
 
+PROTOCOL_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
+    # The protocol behind a number (zsearch_cli/protocol.py builds it; the names must match
+    # protocol.PROTOCOL_FIELDS): on every EVAL_SUMMARY row and every METRICS row.
+    ("model", _str),                # --model as given
+    ("model_revision", _str),       # hub commit, or sha256s:… of a local folder's weights
+    ("adapter", _str),              # LoRA adapter (eval: its folder@fingerprint; train: lora r=…)
+    ("corpus_fingerprint", _str),
+    ("corpus_size", pa.int64()),
+    ("retriever", _str),            # bm25 | dense | hybrid | http:URL | serpapi | sim:… | none
+    ("bm25_k1", pa.float64()),
+    ("bm25_b", pa.float64()),
+    ("bm25_analyzer", _str),
+    ("encoder", _str),
+    ("topk", pa.int32()),
+    ("max_turns", pa.int32()),
+    ("max_turn_tokens", pa.int32()),
+    ("max_obs_tokens", pa.int32()),
+    ("prompt", _str),               # protocol/method:hash of the prompt text
+    ("metric_version", _str),
+    ("decoding", _str),             # greedy | sampling
+    ("temperature", pa.float64()),
+    ("top_p", pa.float64()),
+    ("seed", pa.int64()),
+    ("dataset", _str),              # the dataset key
+    ("dataset_fingerprint", _str),  # sha256 of the QA file(s)
+    ("split", _str),
+    ("limit", pa.int64()),          # --limit; null = the full set
+    ("full_set", pa.bool_()),
+)
+_PROTOCOL_NAMES = frozenset(name for name, _ in PROTOCOL_COLUMNS)
+
 EVAL_SUMMARY = Artifact(
     "eval_summary",
     pa.schema([
@@ -125,6 +157,7 @@ EVAL_SUMMARY = Artifact(
         ("method", _str),
         ("model", _str),
         ("n", pa.int32()),
+        ("missing", pa.int32()),     # --predictions: questions without a prediction (scored 0)
         ("em", pa.float64()),
         ("f1", pa.float64()),
         ("subem", pa.float64()),
@@ -132,7 +165,9 @@ EVAL_SUMMARY = Artifact(
         ("avg_searches", pa.float64()),
         ("avg_turns", pa.float64()),
         ("avg_tokens", pa.float64()),
+        *[c for c in PROTOCOL_COLUMNS if c[0] not in ("dataset", "model")],
     ]),
+    optional=_PROTOCOL_NAMES | {"missing"},  # summaries written before the protocol existed
 )
 
 PREDICTIONS = Artifact(
@@ -177,9 +212,9 @@ METRIC_COLUMNS: tuple[str, ...] = (
 
 METRICS = Artifact(
     "metrics",
-    pa.schema([("step", pa.int32()), *[(c, _f64) for c in METRIC_COLUMNS]]),
+    pa.schema([("step", pa.int32()), *[(c, _f64) for c in METRIC_COLUMNS], *PROTOCOL_COLUMNS]),
     unique="step",
-    optional=frozenset(METRIC_COLUMNS),
+    optional=frozenset(METRIC_COLUMNS) | _PROTOCOL_NAMES,
 )
 
 PROPOSED_QA = Artifact(
@@ -498,28 +533,35 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
         out["artifact"] = meta[META_ARTIFACT].decode()
     if META_CONFIG in meta:
         out["config"] = json.loads(meta[META_CONFIG])
+    if META_PROTOCOL in meta:
+        out["protocol"] = json.loads(meta[META_PROTOCOL])
     return out
 
 
 # ----------------------------------------------------------------------------- writing
 
 
-def _metadata(artifact: Artifact, config: dict[str, Any] | None) -> dict[bytes, bytes]:
-    return {
+def _metadata(artifact: Artifact, config: dict[str, Any] | None,
+              protocol: dict[str, Any] | None = None) -> dict[bytes, bytes]:
+    meta = {
         META_VERSION: __version__.encode(),
         META_ARTIFACT: artifact.name.encode(),
         META_CONFIG: json.dumps(config or {}, default=str, sort_keys=True).encode(),
     }
+    if protocol is not None:  # see zsearch_cli/protocol.py
+        meta[META_PROTOCOL] = json.dumps(protocol, default=str, sort_keys=True).encode()
+    return meta
 
 
 class ArtifactWriter:
     """Stream record batches into ``path`` atomically: a temp file in the same directory,
     renamed over ``path`` only when the ``with`` block exits cleanly."""
 
-    def __init__(self, path: str | os.PathLike, artifact: Artifact, config: dict[str, Any] | None = None):
+    def __init__(self, path: str | os.PathLike, artifact: Artifact, config: dict[str, Any] | None = None,
+                 protocol: dict[str, Any] | None = None):
         self.path = Path(path)
         self.artifact = artifact
-        self.schema = artifact.schema.with_metadata(_metadata(artifact, config))
+        self.schema = artifact.schema.with_metadata(_metadata(artifact, config, protocol))
         self.rows = 0
         self._tmp: str | None = None
         self._writer: pq.ParquetWriter | None = None
@@ -557,8 +599,10 @@ def write_artifact(
     path: str | os.PathLike,
     artifact: Artifact,
     config: dict[str, Any] | None = None,
+    protocol: dict[str, Any] | None = None,
 ) -> Path:
-    """Write a whole table atomically with zsearch metadata; returns the path."""
-    with ArtifactWriter(path, artifact, config) as writer:
+    """Write a whole table atomically with zsearch metadata (and the protocol of the numbers
+    in it, when given); returns the path."""
+    with ArtifactWriter(path, artifact, config, protocol) as writer:
         writer.write(table)
     return Path(path)

@@ -40,6 +40,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.protocol import differing
 from zsearch_cli.train.checkpoint import (STATE_FILE, atomic_dir, check_sharded_saving, checkpoints,
                                           full_model_state, full_optimizer_state, latest_checkpoint,
                                           load_optimizer_state, load_pickle, read_state, rng_state,
@@ -232,9 +233,7 @@ class SFTTrainer:
         if not cfg.resume:
             raise ZsearchError(f"{cfg.out} already holds checkpoints (latest {latest.name}): "
                                "pass --resume to continue that run, or choose another --out")
-        saved, now = read_state(latest)["config"], cfg.to_dict()
-        changed = [f"{k}={saved.get(k)!r}->{now[k]!r}" for k in now
-                   if k not in RESUME_MAY_CHANGE and saved.get(k) != now[k]]
+        changed = differing(read_state(latest)["config"], cfg.to_dict(), RESUME_MAY_CHANGE)
         if changed:
             raise ZsearchError(f"--resume: options differ from the run in {cfg.out} ({', '.join(changed)}); "
                                "pass the same options or choose another --out")
