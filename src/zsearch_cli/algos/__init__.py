@@ -104,6 +104,10 @@ class AlgoSpec:
     """What ``group_ids`` must hold: a per-prompt unique string, the hop count, or nothing used."""
     on_policy: bool = False
     """Exactly one gradient update per rollout batch (HRPO: no ratio, no clipping)."""
+    reward: str = "em"
+    """The outcome metric of the paper that runs this algorithm, used when the user sets no
+    ``--reward``: EM for Search-R1's PPO/GRPO, F1 for ZeroSearch's REINFORCE, subEM for DSPO
+    and the GSPO/DAPO variants it is compared with (DSPO Table 1)."""
 
     def needs_reference(self, cfg: Any = None) -> bool:
         """A frozen reference's ``ref_logp`` is needed: β > 0 (for ``cfg``, else the defaults)."""
@@ -114,7 +118,7 @@ class AlgoSpec:
 ALGOS: dict[str, AlgoSpec] = {
     "reinforce": AlgoSpec(
         name="reinforce", config_cls=ReinforceConfig,
-        policy_loss=grpo_policy_loss, advantages=reinforce_advantages,  # the same clipped loss as GRPO
+        policy_loss=grpo_policy_loss, advantages=reinforce_advantages, reward="f1",  # GRPO's clipped loss
     ),
     "ppo": AlgoSpec(
         name="ppo", config_cls=PPOConfig,
@@ -129,25 +133,25 @@ ALGOS: dict[str, AlgoSpec] = {
     "gspo": AlgoSpec(
         name="gspo", config_cls=GSPOConfig,
         policy_loss=gspo_policy_loss, advantages=grpo_advantages,  # GRPO's group z-score (DSPO eq. 10)
-        sequence_level=True, group_size_min=2,
+        sequence_level=True, group_size_min=2, reward="subem",
     ),
     "dspo": AlgoSpec(
         name="dspo", config_cls=DSPOConfig,
         policy_loss=gspo_policy_loss, advantages=grpo_advantages,  # DSPO eq. 11 = GSPO loss, eq. 10 = GRPO z-score
-        sequence_level=True, filter_groups=True, group_size_min=2,
+        sequence_level=True, filter_groups=True, group_size_min=2, reward="subem",
     ),
     # DSPO Table 1 "w/o dyn. filter" (text: "DSPO w/o dynamic filter, which is equivalent to GSPO").
     "dspo-nofilter": AlgoSpec(
         name="dspo-nofilter", config_cls=GSPOConfig,
         policy_loss=gspo_policy_loss, advantages=grpo_advantages,
-        sequence_level=True, group_size_min=2,
+        sequence_level=True, group_size_min=2, reward="subem",
     ),
     # DSPO Table 1 "w/o seq-lvl opt." (text: "DSPO w/o sequence-level opt., which reverts to a
     # strong token-level policy, DAPO"): token ratio + the filter.
     "dspo-token": AlgoSpec(
         name="dspo-token", config_cls=DSPOTokenConfig,
         policy_loss=grpo_policy_loss, advantages=grpo_advantages,
-        filter_groups=True, group_size_min=2,
+        filter_groups=True, group_size_min=2, reward="subem",
     ),
     "hrpo": AlgoSpec(
         name="hrpo", config_cls=HRPOConfig,

@@ -24,7 +24,7 @@ import numpy as np
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.prompts import format_source_document, render_proposer_prompt
 from zsearch_cli.retrieval.base import Passage
-from zsearch_cli.rewards import em, extract_question_answer, proposer_format_reward, proposer_reward
+from zsearch_cli.rewards import em, extract_question_answer, policy_turns, proposer_format_reward, proposer_reward
 from zsearch_cli.rollout.engine import QARow, RolloutEngine
 
 HOPS = (1, 2, 3, 4)
@@ -103,8 +103,9 @@ def score_proposals(
     scored: list[dict[str, Any]] = []
     to_solve: list[tuple[int, QARow]] = []
     for i, (traj, prompt) in enumerate(zip(proposals, prompts)):
-        question, answer = extract_question_answer(traj["response_text"])
-        fmt = proposer_format_reward(traj["response_text"], prompt.hops)
+        turns = policy_turns(traj)  # the engine's observation spans left out, not a text search
+        question, answer = extract_question_answer(turns)
+        fmt = proposer_format_reward(turns, prompt.hops)
         scored.append({"question": question, "answer": answer, "fmt": fmt, "k": 0, "solver_answers": [],
                        "reward": 0.0, "hops": prompt.hops, "source_id": prompt.source.id})
         if fmt["integrity"]:
@@ -146,7 +147,7 @@ def best_of(trajs: Sequence[dict[str, Any]], prompts: Sequence[ProposerPrompt], 
     best = []
     for i, prompt in enumerate(prompts):
         group = trajs[i * m : (i + 1) * m]
-        formats = [proposer_format_reward(t["response_text"], prompt.hops) for t in group]
+        formats = [proposer_format_reward(policy_turns(t), prompt.hops) for t in group]
         order = sorted(range(m), key=lambda j: (not formats[j]["integrity"], -formats[j]["total"], j))
         best.append(group[order[0]])
     return best
