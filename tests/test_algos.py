@@ -1,4 +1,4 @@
-"""zsearch_cli.algos (FORMULAS §4, §6).
+"""zsearch_cli.algos (docs/methods.md §4, §6).
 
 Tier 1: every advantage, loss, KL, GAE and filter against hand-computed values, with the
 arithmetic in the comments. Tier 2: equivalences between objectives and the ``ALGOS`` table.

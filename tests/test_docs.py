@@ -67,3 +67,13 @@ def test_readme_links_the_docs():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     for doc in ("docs/methods.md", "docs/architecture.md"):
         assert f"]({doc})" in readme and (ROOT / doc).is_file()
+
+
+def test_no_citation_of_documents_outside_the_repo():
+    # Code once cited an external note ("FORMULAS §n") and the papers' code as "the anchor";
+    # neither is in the repository. /work/wt/docs-rewrite.py rewrites such citations.
+    stale = re.compile(r"FORMULAS|\banchor\b")
+    allowed = {"test_server.py"}  # "anchor" is a word of a random-text fixture there
+    bad = [f"{p.relative_to(ROOT)}:{i}" for p in cited_files() if p.name not in allowed
+           for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if stale.search(line)]
+    assert not bad, f"cite docs/methods.md and the paper instead: {bad}"

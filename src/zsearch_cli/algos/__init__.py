@@ -1,4 +1,4 @@
-"""Policy-gradient objectives (FORMULAS §4): pure functions on tensors, no models, no I/O.
+"""Policy-gradient objectives (docs/methods.md §4): pure functions on tensors, no models, no I/O.
 
 ``--algo NAME`` maps through the plain dict :data:`ALGOS` to an :class:`AlgoSpec`. One trainer
 loop drives every entry the same way::

@@ -1,4 +1,4 @@
-"""Pieces shared by every objective (FORMULAS §4), written once.
+"""Pieces shared by every objective (docs/methods.md §4), written once.
 
 Conventions, used by every file in ``algos/``:
 
@@ -82,7 +82,7 @@ def expand_advantages(advantages: Tensor, like: Tensor) -> Tensor:
 def token_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
     """log ρ_t = logp_θ − logp_old on policy tokens, 0 elsewhere. [B, T] -> [B, T].
 
-    ρ_t = exp(log ρ_t) = π_θ(y_t|·)/π_old(y_t|·) (FORMULAS §4, "Token ratio"). No clamp: the
+    ρ_t = exp(log ρ_t) = π_θ(y_t|·)/π_old(y_t|·) (docs/methods.md §4.1). No clamp: the
     equations are implemented as written.
     """
     diff = logp.float() - old_logp.float().detach()
@@ -101,7 +101,7 @@ def clipped_surrogate(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: floa
 
 
 def k3_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
-    """k3 estimator of KL(π_θ || π_ref) per token (FORMULAS §4, GRPO):
+    """k3 estimator of KL(π_θ || π_ref) per token (docs/methods.md §4.1; Search-R1 eq. 3):
 
         D_t = e^{(logp_ref − logp_θ)} − (logp_ref − logp_θ) − 1,
 
@@ -175,7 +175,7 @@ def group_normalize(
 
     - ``"no_baseline"``: mean := 0, std := 1, i.e. A = r/(1+δ) (A = r without scaling). This
       is verl's convention and makes GRPO with G = 1 exactly REINFORCE (Search-R1 App. H).
-    - ``"zero"``: A = 0 (HRPO, FORMULAS §4).
+    - ``"zero"``: A = 0 (HRPO, docs/methods.md §4.7; Dr. Zero eq. 3).
     """
     r = rewards.detach().to(torch.float32).reshape(-1)
     mean, var, count = group_moments(r, group_ids)

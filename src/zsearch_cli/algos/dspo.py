@@ -1,4 +1,4 @@
-"""DSPO = the GSPO loss + dynamic outcome filtering (DSPO eq. 9–11; FORMULAS §4 "DSPO").
+"""DSPO = the GSPO loss + dynamic outcome filtering (DSPO eq. 9–11; docs/methods.md §4.6).
 
 Filter (eq. 9): a prompt group is kept only when its rewards are not all equal; for the binary
 subEM reward that is 0 < Σ_i 1[r_i = 1] < G. Sampling continues, one generation batch at a
