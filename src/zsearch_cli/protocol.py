@@ -191,8 +191,10 @@ def _retriever(search: str, index: str | Path | None, strict: bool) -> dict[str,
         out.update(retriever=method, corpus_fingerprint=manifest.get("corpus", {}).get("fingerprint"),
                    corpus_size=manifest.get("n_docs"))
         if method in ("bm25", "hybrid"):
-            analyzer = params.get("analyzer") or params.get("bm25_preset") or (
-                f"{params.get('bm25_backend')} stemmer={params.get('stemmer')} stopwords={params.get('stopwords')}")
+            analyzer = f"{params.get('bm25_backend')} stemmer={params.get('stemmer')} stopwords={params.get('stopwords')}"
+            if params.get("bm25_preset", "zsearch") != "zsearch":  # e.g. pyserini: Lucene's analyzer and norms
+                analyzer = (f"preset={params['bm25_preset']} {analyzer} analyzer={params.get('analyzer')} "
+                            f"norms={params.get('bm25_norms')}")
             out.update(bm25_k1=float(params["k1"]), bm25_b=float(params["b"]), bm25_analyzer=str(analyzer))
         if method in ("dense", "hybrid"):
             out["encoder"] = str(params.get("encoder"))
