@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.retrieval.bm25 import TERM_MAX_FILE, BM25Searcher, top_k
+from zsearch_cli.retrieval.bm25 import BLOCK_MAX_FILE, TERM_MAX_FILE, BM25Searcher, top_k
 from zsearch_cli.retrieval.index import build_index, load_index
-from zsearch_cli.retrieval.maxscore import maxscore_top_k, term_upper_bounds
+from zsearch_cli.retrieval import maxscore
+from zsearch_cli.retrieval.maxscore import (ImpactIndex, block_pointers, block_upper_bounds, maxscore_top_k,
+                                             term_upper_bounds)
 
 
 def exhaustive(query: list[int], k: int, data, indices, indptr, n_docs: int):
@@ -35,14 +37,18 @@ def random_csc(rng: np.random.Generator, n_docs: int, n_terms: int, levels: int)
     return np.concatenate(cols_data).astype(np.float32), np.concatenate(cols_idx), indptr
 
 
-@pytest.mark.parametrize("seed", range(6))
-def test_maxscore_equals_exhaustive_on_random_indexes(seed: int) -> None:
+@pytest.mark.parametrize("seed", range(8))
+def test_maxscore_equals_exhaustive_on_random_indexes(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Bit-identical scores and identical rows, for k from 1 to beyond the number of
-    matches, repeated terms, empty columns (unknown terms) and the empty query."""
+    matches, repeated terms, empty columns (unknown terms) and the empty query; with
+    term bounds only and with block-max bounds (small blocks so lists span many)."""
+    monkeypatch.setattr(maxscore, "BLOCK", [2, 3, 4, 128][seed % 4])
     rng = np.random.default_rng(seed)
     n_docs, n_terms = int(rng.integers(1, 400)), int(rng.integers(1, 30))
     data, indices, indptr = random_csc(rng, n_docs, n_terms, levels=int(rng.integers(1, 6)))
     bounds = term_upper_bounds(data, indptr, chunk=int(rng.integers(1, 64)))
+    blocks = block_upper_bounds(data, indptr, chunk_blocks=int(rng.integers(1, 64)))
+    indexes = [ImpactIndex(data, indices, indptr, bounds), ImpactIndex(data, indices, indptr, bounds, blocks)]
     checked = 0
     for _ in range(150):
         query = rng.integers(0, n_terms, size=int(rng.integers(0, 9))).tolist()
@@ -50,9 +56,10 @@ def test_maxscore_equals_exhaustive_on_random_indexes(seed: int) -> None:
             query += query[: int(rng.integers(1, len(query) + 1))]
         for k in (1, 3, 10, n_docs + 5):
             want_s, want_r = exhaustive(query, k, data, indices, indptr, n_docs)
-            got_s, got_r = maxscore_top_k(query, k, data, indices, indptr, bounds)
-            assert got_r.tolist() == want_r.tolist(), (query, k)
-            assert got_s.tobytes() == want_s.astype(np.float32).tobytes(), (query, k)
+            for ix in indexes:
+                got_s, got_r = maxscore_top_k(query, k, ix)
+                assert got_r.tolist() == want_r.tolist(), (query, k)
+                assert got_s.tobytes() == want_s.astype(np.float32).tobytes(), (query, k)
             checked += len(want_r)
     assert checked > 0
 
@@ -66,6 +73,21 @@ def test_term_upper_bounds_are_column_maxima() -> None:
         assert term_upper_bounds(data, indptr, chunk).tolist() == want.tolist()
 
 
+@pytest.mark.parametrize("block", [1, 2, 5, 128])
+def test_block_upper_bounds_are_block_maxima(block: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(maxscore, "BLOCK", block)
+    rng = np.random.default_rng(block)
+    data, _, indptr = random_csc(rng, 60, 30, levels=50)
+    ptr = block_pointers(indptr)
+    want = []
+    for t in range(len(indptr) - 1):
+        col = data[indptr[t] : indptr[t + 1]]
+        want += [col[i : i + block].max() for i in range(0, len(col), block)]
+        assert ptr[t + 1] - ptr[t] == -(-len(col) // block)
+    for chunk in (1, 3, 1 << 16):
+        assert block_upper_bounds(data, indptr, chunk).tolist() == np.array(want, np.float32).tolist()
+
+
 def test_ties_keep_the_lower_row() -> None:
     """Six identical passages tie; top-2 must be rows 0 and 1 in both modes, wherever
     the pruning order visits them. A pruner keeping the first-found passages would
@@ -74,10 +96,10 @@ def test_ties_keep_the_lower_row() -> None:
     data = np.array([1.0] * 6 + [0.5, 0.5], dtype=np.float32)
     indices = np.array([0, 1, 2, 3, 4, 5, 4, 5], dtype=np.int32)
     indptr = np.array([0, 6, 8], dtype=np.int64)
-    bounds = term_upper_bounds(data, indptr)
-    s, r = maxscore_top_k([0], 2, data, indices, indptr, bounds)
+    ix = ImpactIndex(data, indices, indptr, term_upper_bounds(data, indptr))
+    s, r = maxscore_top_k([0], 2, ix)
     assert r.tolist() == [0, 1] and s.tolist() == [1.0, 1.0]
-    s, r = maxscore_top_k([0, 1], 3, data, indices, indptr, bounds)
+    s, r = maxscore_top_k([0, 1], 3, ix)
     assert r.tolist() == [4, 5, 0] and s.tolist() == [1.5, 1.5, 1.0]
 
 
@@ -99,7 +121,7 @@ def test_index_search_modes_agree_end_to_end(tmp_path: Path) -> None:
     rng = np.random.default_rng(3)
     words = words_corpus(tmp_path / "c.jsonl", rng, 300)
     out = build_index(tmp_path / "c.jsonl", tmp_path / "idx", {"kind": "bm25", "stemmer": "none", "stopwords": "none"})
-    assert (out / "bm25" / TERM_MAX_FILE).is_file()
+    assert (out / "bm25" / TERM_MAX_FILE).is_file() and (out / "bm25" / BLOCK_MAX_FILE).is_file()
     index = load_index(out, n_threads=2)
     assert index._bm25.mode == "maxscore"
     queries = [" ".join(rng.choice(words + ["zzunknown"], size=int(rng.integers(0, 8)))) for _ in range(200)]
@@ -128,8 +150,11 @@ def test_index_without_stored_bounds_still_searches(tmp_path: Path) -> None:
     rng = np.random.default_rng(5)
     words = words_corpus(tmp_path / "c.jsonl", rng, 100)
     out = build_index(tmp_path / "c.jsonl", tmp_path / "idx", {"kind": "bm25", "stemmer": "none", "stopwords": "none"})
-    stored = np.load(out / "bm25" / TERM_MAX_FILE)
-    (out / "bm25" / TERM_MAX_FILE).unlink()
+    stored = [np.load(out / "bm25" / name) for name in (TERM_MAX_FILE, BLOCK_MAX_FILE)]
+    for name in (TERM_MAX_FILE, BLOCK_MAX_FILE):
+        (out / "bm25" / name).unlink()
     searcher = load_index(out)._bm25
-    assert isinstance(searcher, BM25Searcher) and searcher.term_max.tolist() == stored.tolist()
+    assert isinstance(searcher, BM25Searcher)
+    assert searcher.impacts.term_max.tolist() == stored[0].tolist()
+    assert searcher.impacts.block_max.tolist() == stored[1].tolist()
     assert searcher.search([words[0] + " " + words[5]], 3)[1][0, 0] >= 0

@@ -39,7 +39,7 @@ from numpy.lib.format import open_memmap
 from rank_bm25 import BM25 as _RankBM25
 
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.retrieval.maxscore import maxscore_top_k, term_upper_bounds
+from zsearch_cli.retrieval.maxscore import BLOCK, ImpactIndex, block_upper_bounds, maxscore_top_k, term_upper_bounds
 from zsearch_cli.retrieval.tokenize import Tokenizer
 
 BACKENDS = ("bm25s", "rank-bm25")
@@ -49,6 +49,10 @@ scoring every posting of every query term (the reference). Both return identical
 ``ZSEARCH_BM25_SEARCH=exhaustive`` selects the reference process-wide."""
 TERM_MAX_FILE = "term_max.npy"
 """float32 [vocab]: each term's largest stored score contribution (MaxScore's bound)."""
+BLOCK_MAX_FILE = "block_max.npy"
+"""float32 [blocks]: the largest contribution of every ``maxscore.BLOCK`` consecutive
+postings of each column (block-max skipping); term ``t``'s blocks start at
+``maxscore.block_pointers(indptr)[t]``."""
 VARIANT = "lucene"
 EMPTY_TERM = ""
 """bm25s's convention: a term no passage has, so a query with no known terms still runs."""
@@ -134,7 +138,8 @@ def build_bm25(
     for name, _ in _POSTINGS:
         (out / f"_postings.{name}.bin").unlink()
     return {"backend": backend, "variant": VARIANT, "k1": k1, "b": b, **tokenizer.config,
-            **({"term_max": TERM_MAX_FILE} if backend == "bm25s" else {}),
+            **({"term_max": TERM_MAX_FILE, "block_max": BLOCK_MAX_FILE, "block_size": BLOCK}
+               if backend == "bm25s" else {}),
             "vocab_size": len(vocab), "postings": int(df.sum()), "avg_doc_len": avgdl}
 
 
@@ -171,6 +176,7 @@ def _write_bm25s(out: Path, postings: dict, df: np.ndarray, lengths: np.ndarray,
     data.flush()
     indices.flush()
     np.save(out / TERM_MAX_FILE, term_upper_bounds(data, indptr))  # MaxScore's per-term bounds
+    np.save(out / BLOCK_MAX_FILE, block_upper_bounds(data, indptr))  # and per-block bounds
     del data, indices
     np.save(out / "indptr.csc.index.npy", indptr)
     _write_json(out / "vocab.index.json", vocab)
@@ -281,11 +287,10 @@ class BM25Searcher:
             for key in ("data", "indices", "indptr"):
                 self.model.scores[key] = np.asarray(self.model.scores[key])
             self.vocab: dict[str, int] = self.model.vocab_dict
-            bounds = directory / TERM_MAX_FILE
-            if bounds.is_file():
-                self.term_max = np.load(bounds, mmap_mode="r")
-            else:  # an index built before MaxScore: one streaming pass over the scores
-                self.term_max = term_upper_bounds(self.model.scores["data"], self.model.scores["indptr"])
+            sc = self.model.scores
+            self.impacts = ImpactIndex(sc["data"], sc["indices"], sc["indptr"],
+                                       _load_or(directory / TERM_MAX_FILE, term_upper_bounds, sc),
+                                       _load_or(directory / BLOCK_MAX_FILE, block_upper_bounds, sc))
         else:
             with open(directory / "vocab.index.json", encoding="utf-8") as fh:
                 self.vocab = json.load(fh)
@@ -316,7 +321,7 @@ class BM25Searcher:
                 return top_k(self._scores(q), k)
             indptr, indices = self.model.scores["indptr"], self.model.scores["indices"]
             if self.mode == "maxscore":
-                return maxscore_top_k(q, k, self.model.scores["data"], indices, indptr, self.term_max)
+                return maxscore_top_k(q, k, self.impacts)
             # Only passages in a query term's posting list can score above 0.
             terms = sorted(set(q))
             postings = np.concatenate([indices[indptr[t] : indptr[t + 1]] for t in terms])
@@ -334,6 +339,14 @@ class BM25Searcher:
             scores[i, : len(s)] = s
             rows[i, : len(r)] = r
         return scores, rows
+
+
+def _load_or(path: Path, compute: Callable, scores: dict) -> np.ndarray:
+    """A stored bound array (memory-mapped), or, for an index built before pruning
+    existed, the same array computed now in one streaming pass over the scores."""
+    if path.is_file():
+        return np.load(path, mmap_mode="r")
+    return compute(scores["data"], scores["indptr"])
 
 
 def _usable_cores() -> int:

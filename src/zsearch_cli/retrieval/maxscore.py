@@ -36,10 +36,13 @@ approximated, so the result equals exhaustive scoring bit for bit.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
+BLOCK = 128
+"""Postings per block-max block (the per-block bounds are ``block_max.npy``)."""
 _EMPTY = (np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.int64))
 
 
@@ -77,6 +80,13 @@ def _probe(indices: np.ndarray, data: np.ndarray, start: int, stop: int, docs: n
     return np.where(hit, data[start:stop][pos_c], np.float32(0)).astype(np.float32, copy=False)
 
 
+def _contains(indices: np.ndarray, start: int, stop: int, docs: np.ndarray) -> np.ndarray:
+    """Whether each of ``docs`` is in the (ascending) column ``[start, stop)``."""
+    column = indices[start:stop]
+    pos = np.minimum(np.searchsorted(column, docs), len(column) - 1)
+    return column[pos] == docs
+
+
 def _merge(best_s: np.ndarray, best_r: np.ndarray, s: np.ndarray, r: np.ndarray, k: int):
     """The k best of two disjoint (score, row) sets, by (-score, row)."""
     s = np.concatenate([best_s, s])
@@ -91,19 +101,63 @@ def _merge(best_s: np.ndarray, best_r: np.ndarray, s: np.ndarray, r: np.ndarray,
     return s[order], r[order]
 
 
-def maxscore_top_k(query: Sequence[int], k: int, data: np.ndarray, indices: np.ndarray,
-                   indptr: np.ndarray, term_max: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+@dataclass
+class ImpactIndex:
+    """The arrays MaxScore reads (all may be memory-mapped): bm25s's CSC columns plus the
+    stored bounds. ``block_max[block_ptr[t] + i]`` bounds postings ``[i*B, (i+1)*B)`` of
+    term ``t``'s column (``B = BLOCK``)."""
+
+    data: np.ndarray
+    indices: np.ndarray
+    indptr: np.ndarray
+    term_max: np.ndarray
+    block_max: np.ndarray | None = None
+    block_ptr: np.ndarray | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        if self.block_max is not None and self.block_ptr is None:
+            self.block_ptr = block_pointers(self.indptr)
+
+
+def block_pointers(indptr: np.ndarray) -> np.ndarray:
+    """Where each term's blocks start in ``block_max`` (int64, len = vocab + 1)."""
+    n_blocks = (np.diff(np.asarray(indptr, dtype=np.int64)) + BLOCK - 1) // BLOCK
+    return np.r_[0, np.cumsum(n_blocks)].astype(np.int64)
+
+
+def block_upper_bounds(data: np.ndarray, indptr: np.ndarray, chunk_blocks: int = 1 << 16) -> np.ndarray:
+    """The max of every ``BLOCK`` consecutive postings of each column (float32), streamed."""
+    ptr = block_pointers(indptr)
+    n_blocks = int(ptr[-1])
+    out = np.zeros(n_blocks, dtype=np.float32)
+    nnz = int(indptr[-1])
+    starts = np.asarray(indptr[:-1], dtype=np.int64)
+
+    def first(ids: np.ndarray) -> np.ndarray:  # posting position where each block begins
+        term = np.searchsorted(ptr, ids, side="right") - 1
+        return starts[term] + (ids - ptr[term]) * BLOCK
+
+    for c0 in range(0, n_blocks, chunk_blocks):
+        c1 = min(c0 + chunk_blocks, n_blocks)
+        at = first(np.arange(c0, c1))
+        lo, hi = int(at[0]), (int(first(np.array([c1]))[0]) if c1 < n_blocks else nnz)
+        out[c0:c1] = np.maximum.reduceat(np.asarray(data[lo:hi], dtype=np.float32), at - lo)
+    return out
+
+
+def maxscore_top_k(query: Sequence[int], k: int, ix: ImpactIndex) -> tuple[np.ndarray, np.ndarray]:
     """``(scores float32, rows int64)`` of the ``k`` best passages for term ids ``query``
     (query order, duplicates counted), identical to exhaustive scoring; see module doc."""
     if k < 1 or len(query) == 0:
         return _EMPTY
+    data, indices, indptr = ix.data, ix.indices, ix.indptr
     q = np.asarray(query, dtype=np.int64)
     terms, mult = np.unique(q, return_counts=True)
     starts, stops = indptr[terms].astype(np.int64), indptr[terms + 1].astype(np.int64)
     present = stops > starts
     if not present.any():
         return _EMPTY
-    bound = term_max[terms].astype(np.float64) * mult
+    bound = ix.term_max[terms].astype(np.float64) * mult
     # visit order: largest bound first; equal bounds: shorter list first
     visit = [int(i) for i in np.lexsort((stops - starts, -bound)) if present[i]]
     margin = 1.0 + 1e-6 * (len(q) + 1)
@@ -111,7 +165,6 @@ def maxscore_top_k(query: Sequence[int], k: int, data: np.ndarray, indices: np.n
     slot = {int(t): i for i, t in enumerate(terms)}
     query_slots = [slot[int(t)] for t in q]
     best_s, best_r = _EMPTY
-    seen = np.zeros(0, dtype=np.int64)  # rows of the visited terms' lists, sorted
 
     def theta() -> float:
         return float(best_s[k - 1]) if len(best_s) >= k else 0.0
@@ -120,13 +173,29 @@ def maxscore_top_k(query: Sequence[int], k: int, data: np.ndarray, indices: np.n
         th = theta()
         if th > 0 and rest[j] * margin < th:
             break
-        docs = np.asarray(indices[starts[i] : stops[i]], dtype=np.int64)
-        own = np.asarray(data[starts[i] : stops[i]], dtype=np.float32)
-        if len(seen):
-            fresh = _absent(seen, docs)  # rows of earlier terms' lists were settled there
+        s0, length = int(starts[i]), int(stops[i] - starts[i])
+        if th > 0 and ix.block_max is not None and length > BLOCK:
+            # Block-max: skip whole blocks whose best posting cannot reach theta.
+            t = int(terms[i])
+            bmax = np.asarray(ix.block_max[ix.block_ptr[t] : ix.block_ptr[t + 1]], dtype=np.float64)
+            live = np.flatnonzero((bmax * mult[i] + rest[j + 1]) * margin >= th)
+            if not len(live):
+                continue
+            pos = (live[:, None] * BLOCK + np.arange(BLOCK)).ravel()
+            pos = pos[pos < length] + s0
+            docs, own = indices[pos].astype(np.int64), data[pos]
+        else:
+            docs = np.asarray(indices[s0 : s0 + length], dtype=np.int64)
+            own = np.asarray(data[s0 : s0 + length], dtype=np.float32)
+        if th > 0:
+            alive = (own.astype(np.float64) * mult[i] + rest[j + 1]) * margin >= th
+            docs, own = docs[alive], own[alive]
+        # A passage in an earlier visited term's list was settled there (scored or pruned).
+        for e in visit[:j]:
+            if not len(docs):
+                break
+            fresh = ~_contains(indices, int(starts[e]), int(stops[e]), docs)
             docs, own = docs[fresh], own[fresh]
-        if j + 1 < len(visit):
-            seen = np.union1d(seen, np.asarray(indices[starts[i] : stops[i]], dtype=np.int64))
         if not len(docs):
             continue
         # Seed: the k candidates with the largest own contribution, scored in full first.
@@ -138,20 +207,14 @@ def maxscore_top_k(query: Sequence[int], k: int, data: np.ndarray, indices: np.n
         else:
             groups = [(docs, own)]
         for g_docs, g_own in groups:
-            s, r = _score_group(g_docs, g_own, i, j, visit, mult, starts, stops, bound, rest, margin,
-                                theta(), data, indices, query_slots, len(terms))
+            s, r = _score_group(g_docs, g_own, i, j, visit, mult, starts, stops, rest, margin,
+                                theta(), data, indices, query_slots)
             if len(s):
                 best_s, best_r = _merge(best_s, best_r, s, r, k)
     return best_s, best_r
 
 
-def _absent(sorted_rows: np.ndarray, docs: np.ndarray) -> np.ndarray:
-    pos = np.minimum(np.searchsorted(sorted_rows, docs), len(sorted_rows) - 1)
-    return sorted_rows[pos] != docs
-
-
-def _score_group(docs, own, i, j, visit, mult, starts, stops, bound, rest, margin, th,
-                 data, indices, query_slots, n_terms):
+def _score_group(docs, own, i, j, visit, mult, starts, stops, rest, margin, th, data, indices, query_slots):
     """Exact scores of the candidates ``docs`` (first seen in term ``visit[j] == i``) that
     can still reach ``th``; the others are dropped."""
     contrib = {i: own}
