@@ -37,12 +37,15 @@ def random_csc(rng: np.random.Generator, n_docs: int, n_terms: int, levels: int)
     return np.concatenate(cols_data).astype(np.float32), np.concatenate(cols_idx), indptr
 
 
+@pytest.mark.parametrize("small", [0, 10**9], ids=["maxscore", "compact"])
 @pytest.mark.parametrize("seed", range(8))
-def test_maxscore_equals_exhaustive_on_random_indexes(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_maxscore_equals_exhaustive_on_random_indexes(seed: int, small: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Bit-identical scores and identical rows, for k from 1 to beyond the number of
     matches, repeated terms, empty columns (unknown terms) and the empty query; with
-    term bounds only and with block-max bounds (small blocks so lists span many)."""
+    term bounds only and with block-max bounds (small blocks so lists span many); and
+    the compact exhaustive path short queries take (``small``)."""
     monkeypatch.setattr(maxscore, "BLOCK", [2, 3, 4, 128][seed % 4])
+    monkeypatch.setattr(maxscore, "SMALL", small)
     rng = np.random.default_rng(seed)
     n_docs, n_terms = int(rng.integers(1, 400)), int(rng.integers(1, 30))
     data, indices, indptr = random_csc(rng, n_docs, n_terms, levels=int(rng.integers(1, 6)))
@@ -88,7 +91,7 @@ def test_block_upper_bounds_are_block_maxima(block: int, monkeypatch: pytest.Mon
         assert block_upper_bounds(data, indptr, chunk).tolist() == np.array(want, np.float32).tolist()
 
 
-def test_ties_keep_the_lower_row() -> None:
+def test_ties_keep_the_lower_row(monkeypatch: pytest.MonkeyPatch) -> None:
     """Six identical passages tie; top-2 must be rows 0 and 1 in both modes, wherever
     the pruning order visits them. A pruner keeping the first-found passages would
     return the highest-impact ones (rows 4, 5 after the 'x' term's visit)."""
@@ -96,6 +99,7 @@ def test_ties_keep_the_lower_row() -> None:
     data = np.array([1.0] * 6 + [0.5, 0.5], dtype=np.float32)
     indices = np.array([0, 1, 2, 3, 4, 5, 4, 5], dtype=np.int32)
     indptr = np.array([0, 6, 8], dtype=np.int64)
+    monkeypatch.setattr(maxscore, "SMALL", 0)
     ix = ImpactIndex(data, indices, indptr, term_upper_bounds(data, indptr))
     s, r = maxscore_top_k([0], 2, ix)
     assert r.tolist() == [0, 1] and s.tolist() == [1.0, 1.0]
@@ -115,9 +119,11 @@ def words_corpus(path: Path, rng: np.random.Generator, n_docs: int) -> list[str]
     return words
 
 
-def test_index_search_modes_agree_end_to_end(tmp_path: Path) -> None:
+@pytest.mark.parametrize("small", [0, 10**9])
+def test_index_search_modes_agree_end_to_end(tmp_path: Path, small: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Through build_index/load_index: the stored bounds, the default mode (maxscore),
     batched threaded search, unknown and empty queries."""
+    monkeypatch.setattr(maxscore, "SMALL", small)
     rng = np.random.default_rng(3)
     words = words_corpus(tmp_path / "c.jsonl", rng, 300)
     out = build_index(tmp_path / "c.jsonl", tmp_path / "idx", {"kind": "bm25", "stemmer": "none", "stopwords": "none"})

@@ -43,6 +43,9 @@ import numpy as np
 
 BLOCK = 128
 """Postings per block-max block (the per-block bounds are ``block_max.npy``)."""
+SMALL = 20_000
+"""Queries with at most this many postings in all are scored exhaustively on the union of
+their lists: below it, MaxScore's per-term Python steps cost more than they save."""
 _EMPTY = (np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.int64))
 
 
@@ -78,6 +81,20 @@ def _probe(indices: np.ndarray, data: np.ndarray, start: int, stop: int, docs: n
     pos_c = np.minimum(pos, len(column) - 1)
     hit = column[pos_c] == docs
     return np.where(hit, data[start:stop][pos_c], np.float32(0)).astype(np.float32, copy=False)
+
+
+def _compact_exhaustive(q: np.ndarray, k: int, ix: ImpactIndex) -> tuple[np.ndarray, np.ndarray]:
+    """Exhaustive scoring over the union of the query's lists only (no per-passage array):
+    ``np.add.at`` in query order on compact slots is the reference's float32 arithmetic."""
+    docs = np.concatenate([ix.indices[ix.indptr[t] : ix.indptr[t + 1]] for t in q])
+    vals = np.concatenate([ix.data[ix.indptr[t] : ix.indptr[t + 1]] for t in q])
+    rows, slot = np.unique(docs, return_inverse=True)
+    acc = np.zeros(len(rows), dtype=np.float32)
+    np.add.at(acc, slot, vals)
+    from zsearch_cli.retrieval.bm25 import top_k  # rows ascending: slot order is row order
+
+    s, where = top_k(acc, k)
+    return s, rows[where].astype(np.int64)
 
 
 def _contains(indices: np.ndarray, start: int, stop: int, docs: np.ndarray) -> np.ndarray:
@@ -157,6 +174,8 @@ def maxscore_top_k(query: Sequence[int], k: int, ix: ImpactIndex) -> tuple[np.nd
     present = stops > starts
     if not present.any():
         return _EMPTY
+    if int((stops - starts).sum()) <= SMALL:
+        return _compact_exhaustive(q, k, ix)
     bound = ix.term_max[terms].astype(np.float64) * mult
     # visit order: largest bound first; equal bounds: shorter list first
     visit = [int(i) for i in np.lexsort((stops - starts, -bound)) if present[i]]
