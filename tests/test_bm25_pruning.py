@@ -51,7 +51,7 @@ def test_maxscore_equals_exhaustive_on_random_indexes(seed: int, small: int, mon
     data, indices, indptr = random_csc(rng, n_docs, n_terms, levels=int(rng.integers(1, 6)))
     bounds = term_upper_bounds(data, indptr, chunk=int(rng.integers(1, 64)))
     blocks = block_upper_bounds(data, indptr, chunk_blocks=int(rng.integers(1, 64)))
-    indexes = [ImpactIndex(data, indices, indptr, bounds), ImpactIndex(data, indices, indptr, bounds, blocks)]
+    indexes = [ImpactIndex(data, indices, indptr, bounds, n_docs), ImpactIndex(data, indices, indptr, bounds, n_docs, blocks)]
     checked = 0
     for _ in range(150):
         query = rng.integers(0, n_terms, size=int(rng.integers(0, 9))).tolist()
@@ -100,7 +100,7 @@ def test_ties_keep_the_lower_row(monkeypatch: pytest.MonkeyPatch) -> None:
     indices = np.array([0, 1, 2, 3, 4, 5, 4, 5], dtype=np.int32)
     indptr = np.array([0, 6, 8], dtype=np.int64)
     monkeypatch.setattr(maxscore, "SMALL", 0)
-    ix = ImpactIndex(data, indices, indptr, term_upper_bounds(data, indptr))
+    ix = ImpactIndex(data, indices, indptr, term_upper_bounds(data, indptr), 6)
     s, r = maxscore_top_k([0], 2, ix)
     assert r.tolist() == [0, 1] and s.tolist() == [1.0, 1.0]
     s, r = maxscore_top_k([0, 1], 3, ix)

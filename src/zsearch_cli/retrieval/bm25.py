@@ -289,7 +289,7 @@ class BM25Searcher:
             self.vocab: dict[str, int] = self.model.vocab_dict
             sc = self.model.scores
             self.impacts = ImpactIndex(sc["data"], sc["indices"], sc["indptr"],
-                                       _load_or(directory / TERM_MAX_FILE, term_upper_bounds, sc),
+                                       _load_or(directory / TERM_MAX_FILE, term_upper_bounds, sc), sc["num_docs"],
                                        _load_or(directory / BLOCK_MAX_FILE, block_upper_bounds, sc))
         else:
             with open(directory / "vocab.index.json", encoding="utf-8") as fh:

@@ -39,6 +39,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import threading
+
 import numpy as np
 
 BLOCK = 128
@@ -46,6 +48,7 @@ BLOCK = 128
 SMALL = 20_000
 """Queries with at most this many postings in all are scored exhaustively on the union of
 their lists: below it, MaxScore's per-term Python steps cost more than they save."""
+_local = threading.local()
 _EMPTY = (np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.int64))
 
 
@@ -84,17 +87,21 @@ def _probe(indices: np.ndarray, data: np.ndarray, start: int, stop: int, docs: n
 
 
 def _compact_exhaustive(q: np.ndarray, k: int, ix: ImpactIndex) -> tuple[np.ndarray, np.ndarray]:
-    """Exhaustive scoring over the union of the query's lists only (no per-passage array):
-    ``np.add.at`` in query order on compact slots is the reference's float32 arithmetic."""
+    """Exhaustive scoring of the query's lists into a per-thread scratch array that is
+    zeroed again only where written (no O(passages) allocation or memset per query):
+    ``np.add.at`` in query order is the reference's float32 arithmetic."""
+    from zsearch_cli.retrieval.bm25 import top_k
+
     docs = np.concatenate([ix.indices[ix.indptr[t] : ix.indptr[t + 1]] for t in q])
     vals = np.concatenate([ix.data[ix.indptr[t] : ix.indptr[t + 1]] for t in q])
-    rows, slot = np.unique(docs, return_inverse=True)
-    acc = np.zeros(len(rows), dtype=np.float32)
-    np.add.at(acc, slot, vals)
-    from zsearch_cli.retrieval.bm25 import top_k  # rows ascending: slot order is row order
-
-    s, where = top_k(acc, k)
-    return s, rows[where].astype(np.int64)
+    scratch = getattr(_local, "scratch", None)
+    if scratch is None or len(scratch) != ix.n_docs:  # one per thread (and corpus size)
+        scratch = _local.scratch = np.zeros(ix.n_docs, dtype=np.float32)
+    try:
+        np.add.at(scratch, docs, vals)
+        return top_k(scratch, k, docs, len(q))
+    finally:
+        scratch[docs] = 0
 
 
 def _contains(indices: np.ndarray, start: int, stop: int, docs: np.ndarray) -> np.ndarray:
@@ -128,6 +135,7 @@ class ImpactIndex:
     indices: np.ndarray
     indptr: np.ndarray
     term_max: np.ndarray
+    n_docs: int
     block_max: np.ndarray | None = None
     block_ptr: np.ndarray | None = field(default=None)
 
