@@ -191,12 +191,13 @@ def run_size(args, n_docs: int, console) -> list[dict]:
                         "--queries", str(args.queries), "--corpus", args.corpus], check=True)
         console.print(f"data: {n_docs:,} passages ({args.corpus}), {args.queries:,} queries "
                       f"({time.perf_counter() - t:.0f}s)")
-        engines = [("zsearch", sys.executable), ("bm25s", sys.executable)]
-        if args.numba_python and Path(args.numba_python).exists():
+        wanted = args.engines.split(",")
+        engines = [(e, sys.executable) for e in ("zsearch", "bm25s") if e in wanted]
+        if "bm25s-numba" in wanted and args.numba_python and Path(args.numba_python).exists():
             engines.append(("bm25s-numba", args.numba_python))
-        else:
+        elif "bm25s-numba" in wanted:
             console.print("bm25s-numba: skipped (no --numba-python venv)")
-        if n_docs <= args.rank_bm25_max_docs:
+        if "rank-bm25" in wanted and n_docs <= args.rank_bm25_max_docs:
             engines.append(("rank-bm25", sys.executable))
         console.print("Pyserini: skipped here; see bench/pyserini.py (needs Java + pyserini)")
         results = {}
@@ -255,6 +256,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="best of this many timed rounds")
     parser.add_argument("--rank-bm25-queries", type=int, default=20)
     parser.add_argument("--rank-bm25-max-docs", type=int, default=100_000)
+    parser.add_argument("--engines", default="zsearch,bm25s,bm25s-numba,rank-bm25",
+                        help="comma-separated subset of: zsearch, bm25s, bm25s-numba, rank-bm25")
     parser.add_argument("--numba-python", default="/work/bench-venv/bin/python",
                         help="python of a separate venv with bm25s + numba (never zsearch's own)")
     parser.add_argument("--tmp", default=None, help="where corpora and indexes go (default: system temp)")
