@@ -45,7 +45,7 @@ import numpy as np
 
 BLOCK = 128
 """Postings per block-max block (the per-block bounds are ``block_max.npy``)."""
-SMALL = 20_000
+SMALL = 60_000
 """Queries with at most this many postings in all are scored exhaustively on the union of
 their lists: below it, MaxScore's per-term Python steps cost more than they save."""
 _local = threading.local()
