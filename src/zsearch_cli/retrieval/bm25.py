@@ -19,7 +19,14 @@ Build streams: each corpus batch is tokenized to flat term-id arrays and reduced
 ``(doc, term, tf)`` postings spilled to disk; the CSC score matrix bm25s searches is
 then filled column by column with a counting sort, written straight into bm25s's own
 ``.npy`` files and loaded back memory-mapped. Nothing holds one Python list per passage,
-which is what ``bm25s.BM25.index`` would need for 21M passages.
+which is what ``bm25s.BM25.index`` would need for 21M passages. The build also stores
+the pruning bounds: ``term_max.npy`` (per term) and ``block_max.npy`` (per 128 postings).
+
+Search (bm25s backend): exact top-k by MaxScore with block-max skipping
+(``maxscore.py``), identical to scoring every posting, ties included. The exhaustive
+scorer stays as the reference: ``BM25Searcher(mode="exhaustive")`` or
+``ZSEARCH_BM25_SEARCH=exhaustive``. numba is deliberately not used: with numba installed,
+bm25s imports it and the vLLM CPU engine crashes at start-up.
 """
 
 from __future__ import annotations
