@@ -1,4 +1,4 @@
-"""Answer metrics and rewards (FORMULAS §1 and §5): pure functions of strings, no torch.
+"""Answer metrics and rewards (docs/methods.md §1 and §5): pure functions of strings, no torch.
 
 Gold answers may be one string or a list; every metric is the max over the golds. A gold
 that normalizes to the empty string is skipped, since it would otherwise match (or be a
@@ -32,7 +32,7 @@ PROPOSER_COMPONENT_MAX = 0.125  # each of Dr. Zero's four format components
 
 
 def normalize_answer(s: str) -> str:
-    """FORMULAS §1, in order: lowercase; drop string.punctuation; articles -> " ";
+    """docs/methods.md §1.1, in order: lowercase; drop string.punctuation; articles -> " ";
     collapse whitespace and strip."""
     s = s.lower()
     s = "".join(ch for ch in s if ch not in _PUNCT)
@@ -201,13 +201,6 @@ def difficulty_reward(k: int, n: int) -> float:
     return (n - k) / (n - 1) if 0 < k < n else 0.0
 
 
-def solver_pass_count(solver_responses: Sequence[str], answer: str) -> int:
-    """k: how many solver responses EM-match the proposed answer. A response without an
-    answer tag counts as wrong (FORMULAS §1); Dr. Zero's code scores the raw text instead."""
-    preds = (extract_answer(r) for r in solver_responses)
-    return sum(1 for p in preds if p is not None and em(p, [answer]))
-
-
 def extract_question_answer(response: Response) -> tuple[str | None, str | None]:
     """The proposer's last ``<question>`` and the last ``<answer>`` after it, stripped.
 
@@ -229,7 +222,7 @@ def answer_in_question(answer: str, question: str) -> bool:
     (an answer that normalizes to nothing counts as contained).
 
     Dr. Zero's code tests a raw substring of the normalized strings, so "rome" would be
-    "in" "romeo"; whole words keep the gate to the verbatim leak FORMULAS describes.
+    "in" "romeo"; whole words keep the gate to verbatim leaks (docs/methods.md §5.2).
     """
     a, q = normalize_answer(answer).split(), normalize_answer(question).split()
     return not a or any(q[i : i + len(a)] == a for i in range(len(q) - len(a) + 1))
@@ -239,8 +232,8 @@ def _tool_score(valid: int, invalid_calls: int, hops: int) -> float:
     """Fraction of the tool component: exact hops−1 valid searches score 1.
 
     Following Dr. Zero's code: any invalid call scores 0; for hops>1 no search scores 0,
-    and too few score (1+valid)/hops. Too many is ours: FORMULAS and the paper say
-    "exactly n−1", while the code gives full marks; we score hops/(1+valid).
+    and too few score (1+valid)/hops. Too many is ours (docs/methods.md §5.2): the paper
+    says "exactly n−1", while the code gives full marks; we score hops/(1+valid).
     """
     if invalid_calls:
         return 0.0
@@ -252,7 +245,7 @@ def _tool_score(valid: int, invalid_calls: int, hops: int) -> float:
 
 
 def proposer_format_reward(response: Response, hops: int) -> dict[str, float | bool | int]:
-    """Dr. Zero's format reward r_f (Appendix A; FORMULAS §5): four components, each in
+    """Dr. Zero's format reward r_f (Appendix A; docs/methods.md §5.2): four components, each in
     [0, 0.125], and the integrity gate.
 
     ``response`` is the proposer's whole trajectory (its turns plus inserted
@@ -262,7 +255,7 @@ def proposer_format_reward(response: Response, hops: int) -> dict[str, float | b
     - tool: 0.125 × :func:`_tool_score` of the complete ``<tool_call>`` blocks, a call
       being valid when named 'search' with a non-empty list of query strings;
     - question / answer: 0.125 each when a non-empty ``<question>`` / ``<answer>`` can be
-      extracted. (The paper and FORMULAS say "extractable". Dr. Zero's code instead always
+      extracted. (The paper says "extractable". Dr. Zero's code instead always
       grants the question part once the gate passes, and grants the answer part only when
       the answer occurs in the source document or the tool responses and is ≤5 words,
       half for ≤10; that needs the document, which this reward does not see.)

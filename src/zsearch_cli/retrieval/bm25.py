@@ -69,6 +69,36 @@ def lucene_idf(df: np.ndarray, n_docs: int) -> np.ndarray:
     return np.where(df > 0, idf, 0.0).astype(np.float32)
 
 
+def lucene_norm_lengths(lengths: np.ndarray) -> np.ndarray:
+    """Each passage length as Lucene stores it: one byte per document
+    (``SmallFloat.intToByte4``), decoded (``byte4ToInt``). Lengths below 24 are exact;
+    above, only the 4 leading bits of ``length - 24`` survive (rounded down)."""
+    free = 24  # NUM_FREE_VALUES = 255 - longToInt4(Integer.MAX_VALUE)
+    x = np.asarray(lengths, dtype=np.int64) - free
+    big = x >= 8  # 4 significant bits or more: keep the top 4
+    bits = np.zeros_like(x)
+    bits[big] = np.floor(np.log2(x[big])).astype(np.int64) + 1
+    shift = np.maximum(bits - 4, 0)
+    kept = (x >> shift) << shift
+    return np.where(x < 0, lengths, np.where(big, kept, x) + free).astype(np.int64)
+
+
+def lucene_scores(idf: np.ndarray, tf: np.ndarray, lengths: np.ndarray, avgdl: float, k1: float,
+                  b: float) -> np.ndarray:
+    """Per-(term, passage) scores in Lucene 9's BM25Similarity arithmetic, all float32::
+
+        normInverse = 1f / (k1 * ((1 - b) + b * decodedLength / avgdl))
+        score       = idf - idf / (1f + tf * normInverse)
+
+    (algebraically ``idf * tf / (tf + k1 * (...))``; Lucene writes it this way to keep it
+    monotonic in float arithmetic.)"""
+    f = np.float32
+    dl = lucene_norm_lengths(lengths).astype(f)
+    norm_inv = f(1) / (f(k1) * ((f(1) - f(b)) + f(b) * dl / f(avgdl)))
+    idf = np.asarray(idf, dtype=f)
+    return (idf - idf / (f(1) + np.asarray(tf, dtype=f) * norm_inv)).astype(f)
+
+
 # ----------------------------------------------------------------------------- build
 
 
@@ -81,8 +111,11 @@ def build_bm25(
     b: float,
     backend: str,
     on_rows: Callable[[int], None] | None = None,
+    norms: str = "exact",
 ) -> dict:
-    """Index ``batches`` (the corpus, in row order) into directory ``out``; returns manifest info."""
+    """Index ``batches`` (the corpus, in row order) into directory ``out``; returns manifest info.
+
+    ``norms="lucene"`` scores as Lucene's BM25Similarity does (see :func:`lucene_scores`)."""
     out.mkdir(parents=True, exist_ok=True)
     vocab: dict[str, int] = {}
     lengths = np.zeros(n_docs, dtype=np.int64)
@@ -116,7 +149,7 @@ def build_bm25(
                 for name, dt in _POSTINGS}
     avgdl = float(lengths.mean()) if n_docs else 0.0
     if backend == "bm25s":
-        _write_bm25s(out, postings, df, lengths, avgdl, n_docs, vocab, k1, b)
+        _write_bm25s(out, postings, df, lengths, avgdl, n_docs, vocab, k1, b, norms)
     else:
         for name, dt in _POSTINGS:
             np.save(out / f"postings.{name}.npy", np.asarray(postings[name], dtype=dt))
@@ -125,19 +158,24 @@ def build_bm25(
     del postings
     for name, _ in _POSTINGS:
         (out / f"_postings.{name}.bin").unlink()
-    return {"backend": backend, "variant": VARIANT, "k1": k1, "b": b, **tokenizer.config,
+    return {"backend": backend, "variant": VARIANT, "k1": k1, "b": b, "norms": norms, **tokenizer.config,
             "vocab_size": len(vocab), "postings": int(df.sum()), "avg_doc_len": avgdl}
 
 
 def _write_bm25s(out: Path, postings: dict, df: np.ndarray, lengths: np.ndarray, avgdl: float,
-                 n_docs: int, vocab: dict[str, int], k1: float, b: float) -> None:
+                 n_docs: int, vocab: dict[str, int], k1: float, b: float, norms: str = "exact") -> None:
     """Fill bm25s's CSC arrays (column = term, row = doc, rows ascending) on disk.
 
     Per-entry arithmetic follows bm25s's own builder (float32 idf times float64 tf part,
     stored float32) so the stored scores equal what ``bm25s.BM25(method="lucene").index``
     would compute from the same tokens.
     """
-    idf = lucene_idf(df, n_docs)
+    if norms == "lucene":  # Lucene counts only passages with at least one term
+        doc_count = int(np.count_nonzero(lengths))
+        avgdl = float(lengths.sum()) / doc_count if doc_count else 0.0
+        idf = lucene_idf(df, doc_count)
+    else:
+        idf = lucene_idf(df, n_docs)
     indptr = np.zeros(len(df) + 1, dtype=np.int64)
     np.cumsum(df, out=indptr[1:])
     nnz = int(indptr[-1])
@@ -148,8 +186,11 @@ def _write_bm25s(out: Path, postings: dict, df: np.ndarray, lengths: np.ndarray,
         d = np.asarray(postings["doc"][start : start + _CHUNK])
         t = np.asarray(postings["term"][start : start + _CHUNK])
         tf = np.asarray(postings["tf"][start : start + _CHUNK], dtype=np.float32)
-        tfc = tf / (k1 * ((1 - b) + b * lengths[d] / avgdl) + tf)
-        score = (idf[t] * tfc).astype(np.float32)
+        if norms == "lucene":
+            score = lucene_scores(idf[t], tf, lengths[d], avgdl, k1, b)
+        else:
+            tfc = tf / (k1 * ((1 - b) + b * lengths[d] / avgdl) + tf)
+            score = (idf[t] * tfc).astype(np.float32)
         # Stable counting sort by term: docs arrive ascending, so each column stays sorted.
         order = np.argsort(t, kind="stable")
         st = t[order]
@@ -255,7 +296,7 @@ class BM25Searcher:
 
     def __init__(self, directory: Path, info: dict, n_threads: int | None = None):
         self.backend = info["backend"]
-        self.tokenizer = Tokenizer(info["stemmer"], info["stopwords"])
+        self.tokenizer = Tokenizer(info["stemmer"], info["stopwords"], info.get("analyzer", "simple"))
         self.n_threads = min(os.cpu_count() or 1, 8) if n_threads is None else n_threads
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()

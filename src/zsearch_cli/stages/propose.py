@@ -1,4 +1,4 @@
-"""Dr. Zero's proposer (§3.2–3.4, FORMULAS §5): seed passages, hop draws, proposer
+"""Dr. Zero's proposer (§3.2–3.4; docs/methods.md §5): seed passages, hop draws, proposer
 rollouts, and the difficulty reward measured by solver rollouts.
 
 A proposer prompt starts from one corpus passage (truncated to 256 tokens) and asks for an
@@ -43,7 +43,7 @@ def parse_hop_ratio(spec: str) -> np.ndarray:
 
 
 def draw_hops(n: int, ratio: str, seed: int) -> list[int]:
-    """``n`` hop counts in ``ratio`` from a generator seeded by ``seed`` alone (the anchor
+    """``n`` hop counts in ``ratio`` from a generator seeded by ``seed`` alone (Dr. Zero's code
     draws them unseeded, so its runs cannot be repeated)."""
     rng = np.random.default_rng([seed, 0x40B5])
     return [int(h) for h in rng.choice(HOPS, size=n, p=parse_hop_ratio(ratio))]
@@ -143,7 +143,7 @@ def qa_rows(scored: Sequence[dict[str, Any]], prompts: Sequence[ProposerPrompt],
 
 def best_of(trajs: Sequence[dict[str, Any]], prompts: Sequence[ProposerPrompt], m: int) -> list[dict[str, Any]]:
     """For each prompt, the sample (of ``m``, row-major) with the highest format score that
-    passes the integrity gate, else the first sample; as the anchor's generation does."""
+    passes the integrity gate, else the first sample; as Dr. Zero's generation code does."""
     best = []
     for i, prompt in enumerate(prompts):
         group = trajs[i * m : (i + 1) * m]
@@ -172,7 +172,7 @@ class GenerateOptions:
     search: str = "bm25"
     num_questions: int = 64
     samples: int = 4
-    """m proposer samples per prompt; the best by format score is kept (as the anchor does)."""
+    """m proposer samples per prompt; the best by format score is kept (as Dr. Zero's code does)."""
     solver_samples: int = 5
     """n solver answers per question (the difficulty reward's n)."""
     hop_ratio: str = "4:3:2:1"

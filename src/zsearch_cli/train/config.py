@@ -133,7 +133,7 @@ class TrainConfig:
     dtype: str = "auto"
     """auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16."""
 
-    # ---- ZeroSearch's simulated search (only with --search sim:MODEL / sim+http://…; FORMULAS §3)
+    # ---- ZeroSearch's simulated search (sim:MODEL / sim+http://… only; docs/methods.md §3)
     noise_start: float | None = None
     """p_s of the noise curriculum; None = the spec's ``noise_start=`` or the simulator's 0."""
     noise_end: float | None = None

@@ -1,5 +1,5 @@
 """One training step's update: old/ref logprobs and values → advantages → K epochs of
-mini-batches with gradient accumulation → optimizer steps (FORMULAS §4 through ``algos/``).
+mini-batches with gradient accumulation → optimizer steps (``algos/``; docs/methods.md §4).
 
 Why old_logp is recomputed rather than taken from the sampler: HF/vLLM sampling numerics
 differ from the training forward, so the ratio must compare two training forwards; the
