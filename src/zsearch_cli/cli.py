@@ -20,6 +20,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Help texts are plain text: with rich markup on, "[whole batch]" or "[algo default 1e-6]"
+    # would be parsed as a style tag and silently vanish from --help.
+    rich_markup_mode=None,
     cls=OneLineErrors,
 )
 
