@@ -238,7 +238,7 @@ class Trainer:
             if self.sync_mismatch > tol:
                 raise ZsearchError(f"the vLLM weight sync failed: after it, the engine's logprobs of a probe "
                                    f"sequence differ from the policy's by up to {self.sync_mismatch:.2e} nats "
-                                   f"(tolerance {tol:.0e} for {self.generation.dtype}); rollouts would not come "
+                                   f"(tolerance {tol:.0e} for {str(self.generation.dtype).removeprefix('torch.')}); rollouts would not come "
                                    "from the weights being trained")
         elif self.generation_copy is not None:
             sync_generation_copy(self.accelerator, self.policy, self.generation_copy)
