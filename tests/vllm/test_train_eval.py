@@ -82,24 +82,21 @@ def test_three_steps_stay_synced(tmp_path, vllm_tiny_dir, demo_index):
 
 
 def test_a_sync_that_leaves_the_engine_stale_stops_training(tmp_path, vllm_tiny_dir, demo_index):
-    # The probe guard: the engine keeps its old weights after the first update.
-    trainer = _trainer(tmp_path / "a", vllm_tiny_dir, demo_index)
+    # A sync that does nothing: the engine keeps the weights it started with.
+    trainer = _trainer(tmp_path, vllm_tiny_dir, demo_index)
     try:
         trainer.generation.update_weights = lambda weights: None
-        with pytest.raises(ZsearchError, match=r"the vLLM weight sync failed: .* \(tolerance 1e-03 for float32\)") as err:
-            trainer.train_step(0)
-        assert "\n" not in str(err.value)
-    finally:
-        trainer.close()
-    # The rollout guard (logp_mismatch), for a stale engine the probe did not catch: step 1's
-    # rollouts then come from step 0's weights.
-    trainer = _trainer(tmp_path / "b", vllm_tiny_dir, demo_index)
-    try:
-        trainer.generation.update_weights = lambda weights: None
+        # The rollout guard (logp_mismatch), with the probe check out of the way: step 1's
+        # rollouts come from step 0's weights, the training forward from the updated policy.
         trainer._probe_mismatch = lambda policy: 0.0
         trainer.train_step(0)
         with pytest.raises(ZsearchError, match=r"step 1: the rollout logprobs differ .* \(logp_mismatch; tolerance"):
             trainer.train_step(1)
+        # The probe guard, which runs right after each sync, catches it before any rollout.
+        del trainer._probe_mismatch
+        with pytest.raises(ZsearchError, match=r"the vLLM weight sync failed: .* \(tolerance 1e-03 for float32\)") as err:
+            trainer._sync_generation()
+        assert "\n" not in str(err.value)
     finally:
         trainer.close()
 
