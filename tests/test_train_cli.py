@@ -97,8 +97,10 @@ def test_preset_values_yield_to_flags_and_config_file(tmp_path, monkeypatch):
 
 
 def test_existing_run_needs_resume(tmp_path, tiny_model_dir, demo_index):
-    (tmp_path / "checkpoints" / "step-2").mkdir(parents=True)
-    (tmp_path / "checkpoints" / "step-2" / "trainer_state.json").write_text('{"config": {}}')
+    from zsearch_cli.train.checkpoint import atomic_dir
+
+    # a (complete: its manifest lists what was written) checkpoint of an earlier run
+    atomic_dir(tmp_path / "checkpoints" / "step-2", lambda d: (d / "trainer_state.json").write_text('{"config": {}}'))
     result = runner.invoke(app, ["train", "--out", str(tmp_path), "--model", str(tiny_model_dir),
                                  "--index", str(demo_index), "--device", "cpu"])
     assert result.exit_code == 2

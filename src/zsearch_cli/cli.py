@@ -12,7 +12,7 @@ import typer
 
 from zsearch_cli import __version__, cli_drzero, cli_train
 from zsearch_cli import cli_options as opt
-from zsearch_cli.config import ConfigOption, resolved_options, stage
+from zsearch_cli.config import ConfigOption, OneLineErrors, resolved_options, stage
 
 app = typer.Typer(
     name="zsearch",
@@ -20,6 +20,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=OneLineErrors,
 )
 
 
@@ -125,10 +126,12 @@ def serve(
 @stage
 def eval_(
     ctx: typer.Context,
-    datasets: str = typer.Option("demo", help="demo (bundled test split), all (the seven benchmarks), a comma list, or QA files."),
+    datasets: str = typer.Option("demo", help="demo (bundled test split), all (the seven benchmarks), a comma list, or QA "
+                                 "files. Keys: nq/test under --data-dir, else the file's path."),
     data_dir: Path = typer.Option(Path("data"), help="Benchmark files, FlashRAG layout: DATA_DIR/nq/test.jsonl."),
     download: bool = typer.Option(False, help="Fetch missing benchmark files from the FlashRAG hub dataset (network)."),
-    out: Path = typer.Option(Path("runs/eval"), "--out", "-o", help="Output directory."),
+    out: Path = typer.Option(Path("runs/eval"), "--out", "-o",
+                             help="Output directory: OUT/KEY/METHOD.*.parquet; a rerun reuses rows only under equal options."),
     model: str = typer.Option("smollm2", help="HF id, local path, checkpoint dir, or the smollm2 alias."),
     method: str = typer.Option("agent", help="direct, cot, rag or agent (multi-turn search)."),
     search: str = typer.Option("bm25", help="bm25, dense, hybrid, http://host:port or serpapi."),

@@ -19,7 +19,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -164,7 +163,9 @@ def build_index(corpus: Path | None, out: Path, options: dict) -> Path:
         resolve_encoder(opts["encoder"])
         check_faiss_type(opts["faiss_type"].strip())
         pick_device(opts["device"])
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    from zsearch_cli.files import mkdtemp_like_mkdir
+
+    tmp = mkdtemp_like_mkdir(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)  # mode as mkdir gives
     try:
         n_docs, fingerprint = _write_corpus(src, tmp / CORPUS_FILE)
         manifest: dict[str, Any] = {

@@ -27,6 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.models.base import logp_tolerance
+from zsearch_cli.protocol import differing
 from zsearch_cli.train.checkpoint import (atomic_dir, check_resumable, check_sharded_saving, distribution,
                                           full_model_state, latest_checkpoint, load_training_state, read_state,
                                           save_checkpoint)
@@ -185,10 +186,7 @@ class Trainer:
             raise ZsearchError(f"{self.cfg.out} already holds checkpoints (latest {latest.name}): "
                                "pass --resume to continue that run, or choose another --out")
         check_resumable(latest, self.accelerator)
-        saved = read_state(latest)["config"]
-        now = self.cfg.to_dict()
-        changed = [f"{k}={saved.get(k)!r}->{now[k]!r}" for k in now
-                   if k not in RESUME_MAY_CHANGE and saved.get(k) != now[k]]
+        changed = differing(read_state(latest)["config"], self.cfg.to_dict(), RESUME_MAY_CHANGE)
         if changed:
             raise ZsearchError(f"--resume: options differ from the run in {self.cfg.out} ({', '.join(changed)}); "
                                "pass the same options or choose another --out")
