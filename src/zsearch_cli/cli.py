@@ -20,6 +20,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Help texts are plain text: with rich markup on, "[whole batch]" or "[algo default 1e-6]"
+    # would be parsed as a style tag and silently vanish from --help.
+    rich_markup_mode=None,
     cls=OneLineErrors,
 )
 
@@ -48,10 +51,13 @@ def index(
     out: Path = typer.Option(Path("runs/index"), "--out", "-o", help="Index directory to write."),
     kind: str = typer.Option("bm25", "--kind", help="Comma list of bm25, dense (hybrid = bm25,dense)."),
     bm25_backend: str = typer.Option("bm25s", help="bm25s (fast, default) or rank-bm25 (reference)."),
-    k1: float = typer.Option(1.2, help="BM25 term-frequency saturation."),
-    b: float = typer.Option(0.75, help="BM25 length normalisation."),
-    stemmer: str = typer.Option("english", help="Snowball stemmer language, or 'none'."),
-    stopwords: str = typer.Option("en", help="Stopword list: 'en' or 'none'."),
+    bm25_preset: str = typer.Option("zsearch", help="BM25 defaults: zsearch, or pyserini (Lucene's English "
+                                    "analyzer + BM25Similarity, k1 0.9, b 0.4: Search-R1/DSPO's retriever)."),
+    k1: Optional[float] = typer.Option(None, help="BM25 term-frequency saturation [1.2; pyserini 0.9]."),
+    b: Optional[float] = typer.Option(None, help="BM25 length normalisation [0.75; pyserini 0.4]."),
+    stemmer: Optional[str] = typer.Option(None, help="Snowball stemmer language, 'porter-lucene', or 'none' "
+                                          "[english; pyserini porter-lucene]."),
+    stopwords: Optional[str] = typer.Option(None, help="Stopword list: 'en' (Lucene's 33) or 'none' [en]."),
     encoder: str = typer.Option("minilm", help="Dense encoder: HF id or local path; 'minilm' is the bundled default."),
     faiss_type: str = typer.Option("Flat", help="faiss index: Flat, HNSW32, IVF{n},PQ{m} (e.g. IVF1024,PQ64)."),
     batch_size: int = typer.Option(128, help="Encoder batch size."),
@@ -107,16 +113,17 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="Bind address; anything but loopback must be asked for explicitly."),
     port: int = typer.Option(8000, help="TCP port; 0 picks a free one (printed at start)."),
     method: str = typer.Option("auto", help="bm25, dense, hybrid, or auto."),
-    max_queries: int = typer.Option(512, help="Most queries one request may carry."),
+    max_queries: int = typer.Option(8192, help="Most queries one request may carry (Search-R1's GRPO sends 2560)."),
     max_topk: int = typer.Option(100, help="Largest topk a request may ask for."),
     cache_size: int = typer.Option(100_000, help="LRU cache entries keyed by (query, topk, index)."),
+    cache_mb: int = typer.Option(512, help="LRU cache memory bound in MiB (estimated; 0 turns the cache off)."),
     config: Optional[Path] = ConfigOption,
 ) -> None:
     """Serve an index over HTTP with Search-R1's /retrieve API."""
     from zsearch_cli.retrieval.server import run_server
 
     run_server(index_dir, host=host, port=port, method=method, max_queries=max_queries,
-               max_topk=max_topk, cache_size=cache_size)
+               max_topk=max_topk, cache_size=cache_size, cache_bytes=cache_mb << 20)
 
 
 # ----------------------------------------------------------------------------- eval

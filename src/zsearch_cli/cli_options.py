@@ -84,7 +84,7 @@ RANGES: dict[str, Range] = {
         "concurrency", "lora_alpha", "group_size")},
     # 0 means "off", "none" or "only at the end"
     **{name: AT_LEAST_0 for name in (
-        "max_turns", "save_every", "val_every", "eval_every", "lora_r", "doc_words", "cache_size", "retries",
+        "max_turns", "save_every", "val_every", "eval_every", "lora_r", "doc_words", "cache_size", "cache_mb", "retries",
         "weight_decay", "max_grad_norm", "temperature", "beta", "k1")},
     **{name: POSITIVE for name in ("lr", "critic_lr", "proposer_lr", "solver_lr", "epochs", "timeout",
                                    "clip_eps", "clip_eps_high", "noise_base")},

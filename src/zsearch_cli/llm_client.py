@@ -6,8 +6,8 @@ Why our own and not the ``openai`` package: we need a handful of fields and thre
 endpoints, and each call must be explicit: a total deadline on every request (``timeout``:
 connect, head and body together, so a server trickling bytes cannot stall a run; see
 :mod:`zsearch_cli.net`), *bounded* retries
-(a dead endpoint must fail the stage with a clear error naming its URL, never hang it; the
-ZeroSearch anchor's simulator client retries forever), and bounded concurrency so a batch
+(a dead endpoint must fail the stage with a clear error naming its URL, never hang it;
+ZeroSearch's released simulator client retries forever), and bounded concurrency so a batch
 of prompts does not open hundreds of connections.
 
 Retried (with :func:`zsearch_cli.retry.with_retries`): connection errors, timeouts, HTTP 408,

@@ -1,6 +1,6 @@
 """Bounded retries with exponential backoff, shared by every network client.
 
-Nothing in zsearch retries forever: the ZeroSearch anchor's simulator client does, and a
+Nothing in zsearch retries forever: ZeroSearch's released simulator client does, and a
 dead endpoint then hangs a training run silently.
 """
 

@@ -1,7 +1,7 @@
 """QA loaders: FlashRAG jsonl, Search-R1 Parquet, and our own QA artifact.
 
 ``--datasets all`` means the seven benchmarks of the papers with the splits of
-FORMULAS.md §6, looked up as files under ``--data-dir`` in FlashRAG's layout
+docs/methods.md §6, looked up as files under ``--data-dir`` in FlashRAG's layout
 (``DATA_DIR/nq/test.jsonl``) or a flat one (``DATA_DIR/nq_test.jsonl``/``.parquet``).
 """
 
@@ -17,7 +17,7 @@ import pyarrow as pa
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.schemas import QA, file_kind, read_artifact, read_parquet, validate
 
-# The evaluation splits of FORMULAS.md §6: NQ/TriviaQA/PopQA/Bamboogle test, the rest dev.
+# The evaluation splits of docs/methods.md §6: NQ/TriviaQA/PopQA/Bamboogle test, the rest dev.
 BENCHMARK_SPLITS: dict[str, str] = {
     "nq": "test",
     "triviaqa": "test",

@@ -32,7 +32,7 @@ from zsearch_cli.train.checkpoint import (atomic_dir, check_resumable, check_sha
                                           full_model_state, latest_checkpoint, load_training_state, read_state,
                                           save_checkpoint)
 from zsearch_cli.train.collect import BatchRewardFn, RewardFn, collect
-from zsearch_cli.train.config import TrainConfig, check_config, get_spec, search_options
+from zsearch_cli.train.config import TrainConfig, check_config, check_even_shards, get_spec, resolve_config, resolved_dict, search_options
 from zsearch_cli.train.data import TrainData, load_rows
 from zsearch_cli.train.metrics import MetricsLog, step_metrics
 from zsearch_cli.train.models import (generation_copy, load_critic, load_policy, load_reference,
@@ -63,8 +63,9 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, *, search: Any = None, reward_fn: RewardFn | None = None,
                  console: Console | None = None, data: Any = None, batch_reward_fn: BatchRewardFn | None = None):
-        self.cfg = cfg
         self.acfg = check_config(cfg, staged=batch_reward_fn is not None)
+        # From here on every "paper default" is the value in use: logged, checkpointed, compared on resume.
+        self.cfg = cfg = resolve_config(cfg, staged=batch_reward_fn is not None)
         self.spec = get_spec(cfg.algo, staged=batch_reward_fn is not None)
         self.reward_fn = reward_fn
         self.batch_reward_fn = batch_reward_fn
@@ -108,7 +109,8 @@ class Trainer:
         self.engine = RolloutEngine(self.generation, PROTOCOLS[cfg.protocol](), self.search, rcfg)
         if self.validator is not None:
             self.validator.attach(self.generation, self.search, self.accelerator, cfg.batch_size * self.acfg.group_size)
-        self.metrics = MetricsLog(Path(cfg.out), cfg.to_dict(), self.accelerator, self.accelerator.is_main_process)
+        self.metrics = MetricsLog(Path(cfg.out), resolved_dict(cfg, self.accelerator.num_processes), self.accelerator,
+                                  self.accelerator.is_main_process)
         self.start_step = 0
         if resume_dir is not None:
             state = load_training_state(self, resume_dir)
@@ -139,6 +141,7 @@ class Trainer:
         except (ImportError, ValueError, RuntimeError) as err:  # e.g. an accelerate config this machine cannot run
             raise ZsearchError(f"accelerate: {err}") from None
         check_sharded_saving(acc)
+        check_even_shards(self.cfg.batch_size, acc.num_processes)
         if distribution(acc) == "deepspeed":
             self._check_deepspeed(acc)
         self._init_tracker(acc)
@@ -165,7 +168,8 @@ class Trainer:
         report_to = self.cfg.report_to
         if report_to == "none":
             return
-        flat = {k: v for k, v in self.cfg.to_dict().items() if isinstance(v, (int, float, str, bool))}
+        hparams = resolved_dict(self.cfg, acc.num_processes)
+        flat = {k: v for k, v in hparams.items() if isinstance(v, (int, float, str, bool))}
         try:
             acc.init_trackers("zsearch", config=flat)
         except (ImportError, ValueError, RuntimeError) as err:
