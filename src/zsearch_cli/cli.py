@@ -75,6 +75,20 @@ def index(
 
 @app.command()
 @stage
+def show(
+    file: Path = typer.Argument(..., help="A trajectory, rollout (train --save-rollouts) or eval examples Parquet file."),
+    ids: Optional[list[str]] = typer.Option(None, "--id", help="Only this trajectory id, or all samples of a question id (repeatable)."),
+    where: Optional[str] = typer.Option(None, help="Only correct (EM 1) or wrong (EM 0) ones."),
+    limit: int = typer.Option(3, help="Show at most this many."),
+) -> None:
+    """Print trajectories turn by turn: reasoning, queries, retrieved titles, answer, gold, reward."""
+    from zsearch_cli.stages.show import show as show_trajectories
+
+    show_trajectories(file, ids or (), where, limit)
+
+
+@app.command()
+@stage
 def search(
     query: str = typer.Argument(..., help="The query to search for."),
     index_dir: Path = typer.Option(Path("runs/index"), "--index", help="Index directory from `zsearch index`."),
