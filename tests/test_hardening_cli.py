@@ -28,6 +28,7 @@ REQUIRED = {
     "simsft": ["judgments.parquet"],
     "solve": ["qa.parquet"],
     "plot": ["runs/x"],
+    "show": ["rollouts.parquet"],
 }
 
 

@@ -20,6 +20,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Help texts are plain text: with rich markup on, "[whole batch]" or "[algo default 1e-6]"
+    # would be parsed as a style tag and silently vanish from --help.
+    rich_markup_mode=None,
     cls=OneLineErrors,
 )
 
@@ -68,6 +71,20 @@ def index(
     options = resolved_options(ctx)
     path = build_index(corpus, out, options=options)
     typer.echo(f"index written to {path}")
+
+
+@app.command()
+@stage
+def show(
+    file: Path = typer.Argument(..., help="A trajectory, rollout (train --save-rollouts) or eval examples Parquet file."),
+    ids: Optional[list[str]] = typer.Option(None, "--id", help="Only this trajectory id, or all samples of a question id (repeatable)."),
+    where: Optional[str] = typer.Option(None, help="Only correct (EM 1) or wrong (EM 0) ones."),
+    limit: int = typer.Option(3, help="Show at most this many."),
+) -> None:
+    """Print trajectories turn by turn: reasoning, queries, retrieved titles, answer, gold, reward."""
+    from zsearch_cli.stages.show import show as show_trajectories
+
+    show_trajectories(file, ids or (), where, limit)
 
 
 @app.command()

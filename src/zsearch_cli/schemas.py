@@ -201,6 +201,9 @@ METRIC_COLUMNS: tuple[str, ...] = (
     "grad_norm", "vf_loss", "vf_clipfrac", "critic_grad_norm", "lr", "critic_lr", "samples",
     "kept_groups", "kept_frac", "gen_batches", "tokens_wasted", "noise_p", "logp_mismatch",
     "time_rollout", "time_reward", "time_update", "time_step",
+    # --backend vllm: seconds spent pushing the weights into the engine (inside time_update),
+    # and max |engine - policy| logprob on a fixed probe right after that sync.
+    "time_sync", "sync_mismatch",
     # Dr. Zero proposer runs (HRPO): mean difficulty I(0<k<n)(n-k)/(n-1) and format reward over
     # the step's proposals, mean solver k over the questions that pass the gate, how many pass,
     # and how many proposals of each hop count the step drew.

@@ -421,10 +421,14 @@ def plot_em(out: Path) -> Path | None:
     for j, m in enumerate(methods):
         em = {r["dataset"]: r["em"] for r in rows if r["method"] == m}
         xs = [i + j * width for i in range(len(datasets))]
-        ax.bar(xs, [em.get(d, 0.0) for d in datasets], width=width, label=m)
+        color = f"C{j % 10}"
+        # The edge draws a zero-height bar as a line at 0: an all-zero result shows its bars.
+        bars = ax.bar(xs, [em.get(d, 0.0) for d in datasets], width=width, label=m, color=color,
+                      edgecolor=color, linewidth=2)
+        ax.bar_label(bars, labels=[f"{em[d]:.3f}" if d in em else "" for d in datasets], fontsize=8, padding=2)
     ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(datasets))], datasets)
     ax.set_ylabel("EM")
-    ax.set_ylim(0, 1)
+    ax.set_ylim(0, 1.1)  # room for the value labels above a bar at 1.0
     ax.legend()
     fig.tight_layout()
     path = out / "em.png"

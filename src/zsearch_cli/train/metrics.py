@@ -131,6 +131,7 @@ def plot_metrics(run_dir: Path, out: Path | None = None) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     rows = load_metrics(run_dir)
     steps = [r["step"] for r in rows]
@@ -143,6 +144,7 @@ def plot_metrics(run_dir: Path, out: Path | None = None) -> Path:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 30 else None)
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("step", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(names):]:
         ax.axis("off")
