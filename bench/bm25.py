@@ -1,15 +1,23 @@
-"""BM25 benchmark: zsearch (through SearchIndex) vs raw bm25s vs rank-bm25.
+"""BM25 benchmark: zsearch (MaxScore/block-max and exhaustive) vs bm25s (plain, numba) vs rank-bm25.
 
-    .venv/bin/python bench/bm25.py [--docs 100000] [--queries 1000] [--topk 3]
+    .venv/bin/python bench/bm25.py --docs 100000,1000000 [--corpus zipf|questions] [--queries 1000]
 
-A seeded synthetic corpus (Zipf-distributed pseudo-words, 20-120 words per passage) and
-queries drawn from passages' own words. Each engine runs in a fresh subprocess so its
-peak RSS (``ru_maxrss``) is its own. Raw bm25s and zsearch use the same stopwords and
-Snowball stemmer and the Lucene BM25 variant, and every pseudo-word has >= 3 letters, so
-their top-k must agree (reported) up to ties: zsearch breaks equal scores by lower row,
-bm25s's ``argpartition`` picks arbitrarily among passages tied with the k-th best.
-rank-bm25 (BM25Okapi, its usual form) scores every passage in Python per query term, so
-it runs a 50-query subset and reports per-query time.
+A printed table, never a timed test. Corpora are seeded and synthetic:
+
+* ``zipf``: Zipf-distributed pseudo-words, 20-120 words per passage, queries of 2-6 words
+  drawn from one passage (the generator the issue's numbers came from);
+* ``questions``: a realistic vocabulary: 200k Zipf(1.0) pseudo-words with English
+  function words at the head, ~100-word passages (80-120), queries of 5-10 terms shaped
+  like questions (a wh-word, function words, and content words of one passage).
+
+Each engine runs in a fresh subprocess so its peak RSS (``ru_maxrss``) is its own.
+zsearch runs both search modes on the same index; "agree" is the share of queries whose
+top-k rows equal zsearch's exhaustive (reference) rows, ties included (for bm25s: the
+same top-k score multiset, since its argpartition breaks ties arbitrarily). bm25s with
+numba runs from ``--numba-python`` (a separate venv: numba must never be installed in
+zsearch's own, see README). rank-bm25 scores every passage in Python: a 20-query subset.
+With several sizes, a least-squares fit (log-log for QPS, linear for the rest)
+extrapolates zsearch to 21,015,324 passages (wiki-18).
 """
 
 from __future__ import annotations
@@ -27,40 +35,68 @@ from pathlib import Path
 import numpy as np
 
 K1, B = 1.2, 0.75
+WIKI18 = 21_015_324
+FUNCTION = ("the of and in to a is was for on as by with he from at that his it an were are which "
+            "this be or has had first also its after but who their not one".split())
+WH = ("what", "who", "when", "where", "which", "how many", "in what year", "who was the")
 
 
-def make_data(root: Path, n_docs: int, n_queries: int, seed: int = 0) -> None:
-    rng = np.random.default_rng(seed)
+def _pseudo_words(rng: np.random.Generator, n: int) -> list[str]:
     letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
     vocab: list[str] = []
-    seen: set[str] = set()
-    while len(vocab) < 50_000:
+    seen: set[str] = set(FUNCTION)
+    while len(vocab) < n:
         word = "".join(rng.choice(letters, size=rng.integers(3, 11)))
         if word not in seen:
             seen.add(word)
             vocab.append(word)
-    words = np.array(vocab)
-    p = 1.0 / (np.arange(len(words)) + 2.7) ** 1.07  # Zipf-Mandelbrot, roughly English-like
+    return vocab
+
+
+def make_data(root: Path, n_docs: int, n_queries: int, corpus: str, seed: int = 0) -> None:
+    rng = np.random.default_rng(seed)
+    if corpus == "zipf":
+        words = np.array(_pseudo_words(rng, 50_000))
+        p = 1.0 / (np.arange(len(words)) + 2.7) ** 1.07  # Zipf-Mandelbrot, roughly English-like
+        lengths = rng.integers(20, 121, size=n_docs)
+    else:  # function words take the head of the Zipf curve, as in English text
+        words = np.array(list(FUNCTION) + _pseudo_words(rng, 200_000))
+        p = 1.0 / (np.arange(len(words)) + 1.0) ** 1.0
+        lengths = rng.integers(80, 121, size=n_docs)
     p /= p.sum()
-    lengths = rng.integers(20, 121, size=n_docs)
-    tokens = words[rng.choice(len(words), size=int(lengths.sum()), p=p)]
     bounds = np.r_[0, np.cumsum(lengths)]
-    with open(root / "corpus.jsonl", "w", encoding="utf-8") as fh:
-        for i in range(n_docs):
-            doc = tokens[bounds[i] : bounds[i + 1]]
-            fh.write(json.dumps({"id": f"p{i}", "title": " ".join(doc[:3]), "text": " ".join(doc[3:])}) + "\n")
     queries = []
-    for doc in rng.integers(0, n_docs, size=n_queries):
-        span = tokens[bounds[doc] : bounds[doc + 1]]
-        queries.append(" ".join(rng.choice(span, size=rng.integers(2, 7), replace=False)))
-    (root / "queries.json").write_text(json.dumps(queries))
+    q_docs = set(rng.integers(0, n_docs, size=n_queries).tolist())
+    with open(root / "corpus.jsonl", "w", encoding="utf-8") as fh:
+        for start in range(0, n_docs, 100_000):  # bounded memory at millions of passages
+            stop = min(start + 100_000, n_docs)
+            tokens = words[rng.choice(len(words), size=int(bounds[stop] - bounds[start]), p=p)]
+            for i in range(start, stop):
+                doc = tokens[bounds[i] - bounds[start] : bounds[i + 1] - bounds[start]]
+                fh.write(json.dumps({"id": f"p{i}", "title": " ".join(doc[:3]), "text": " ".join(doc[3:])}) + "\n")
+                if i in q_docs:
+                    queries.append(_query(rng, doc, corpus))
+    rng.shuffle(queries)
+    while len(queries) < n_queries:
+        queries.append(queries[len(queries) % max(len(q_docs), 1)])
+    (root / "queries.json").write_text(json.dumps(queries[:n_queries]))
+
+
+def _query(rng: np.random.Generator, doc: np.ndarray, corpus: str) -> str:
+    if corpus == "zipf":
+        return " ".join(rng.choice(doc, size=min(len(doc), int(rng.integers(2, 7))), replace=False))
+    content = [w for w in dict.fromkeys(doc.tolist()) if w not in FUNCTION]
+    n = int(rng.integers(5, 11))
+    picked = list(rng.choice(content, size=min(len(content), max(n - 3, 2)), replace=False))
+    glue = list(rng.choice(FUNCTION[:12], size=2))
+    return f"{rng.choice(WH)} {picked[0]} {glue[0]} {' '.join(picked[1:])} {glue[1]}?"
 
 
 def _rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _timed_queries(fn, repeats: int = 3) -> tuple[float, object]:
+def _timed(fn, repeats: int) -> tuple[float, object]:
     best, out = float("inf"), None
     for _ in range(repeats):
         t = time.perf_counter()
@@ -69,27 +105,32 @@ def _timed_queries(fn, repeats: int = 3) -> tuple[float, object]:
     return best, out
 
 
-def worker(engine: str, root: Path, topk: int, n_rank: int) -> dict:
-    """Index once, then time the queries serially and on every core; returns one dict per run."""
-    queries = json.loads((root / "queries.json").read_text())
-    threads = os.cpu_count() or 1
-    if engine == "zsearch":
-        import bm25s  # noqa: F401  (imported before the baseline, as in the other workers)
+def _dir_mb(path: Path) -> float:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) / 2**20
 
+
+def worker(engine: str, root: Path, topk: int, n_rank: int, repeats: int) -> dict:
+    """Index once, then time the queries serially and on every core; returns one dict."""
+    queries = json.loads((root / "queries.json").read_text())
+    threads = len(os.sched_getaffinity(0))
+    if engine == "zsearch":
         from zsearch_cli.retrieval.index import build_index, load_index
 
         base = _rss_mb()
         t = time.perf_counter()
         build_index(root / "corpus.jsonl", root / "zs_index", {"kind": "bm25", "k1": K1, "b": B})
-        index_s = time.perf_counter() - t
+        index_s, build_peak = time.perf_counter() - t, _rss_mb()
         runs = {}
-        for n in (0, threads):
-            index = load_index(root / "zs_index", n_threads=n)
-            index.search(queries[:50], topk, "bm25")  # warm up
-            secs, hits = _timed_queries(lambda: index.search(queries, topk, "bm25"))
-            runs[n] = {"query_s": secs, "top": [[int(p.id[1:]) for p in h] for h in hits],
-                       "scores": [[round(p.score, 4) for p in h] for h in hits]}
-        return {"index_s": index_s, "n": len(queries), "base": base, "peak": _rss_mb(), "runs": runs}
+        for mode in ("maxscore", "exhaustive"):
+            for n in (0, threads):
+                index = load_index(root / "zs_index", n_threads=n)
+                index._bm25.mode = mode
+                index._bm25.search(queries[:50], topk)  # warm up
+                secs, (scores, rows) = _timed(lambda: index._bm25.search(queries, topk), repeats)
+                runs[f"{mode}|{n}"] = {"query_s": secs, "top": rows.tolist(),
+                                       "scores": [[round(float(x), 4) for x in r if x > 0] for r in scores]}
+        return {"index_s": index_s, "n": len(queries), "base": base, "peak": max(build_peak, _rss_mb()),
+                "index_mb": _dir_mb(root / "zs_index" / "bm25"), "runs": runs}
 
     import bm25s
     import Stemmer
@@ -98,11 +139,13 @@ def worker(engine: str, root: Path, topk: int, n_rank: int) -> dict:
         texts = [f"{r['title']} {r['text']}" for r in map(json.loads, fh)]
     stemmer = Stemmer.Stemmer("english")
     base = _rss_mb()
-    if engine == "bm25s":
+    if engine.startswith("bm25s"):
+        backend = "numba" if engine == "bm25s-numba" else "numpy"
         t = time.perf_counter()
-        model = bm25s.BM25(k1=K1, b=B, method="lucene")
+        model = bm25s.BM25(k1=K1, b=B, method="lucene", backend=backend)
         model.index(bm25s.tokenize(texts, stopwords="en", stemmer=stemmer, show_progress=False), show_progress=False)
         index_s = time.perf_counter() - t
+        del texts
         runs = {}
         for n in (0, threads):
             def run():
@@ -110,80 +153,143 @@ def worker(engine: str, root: Path, topk: int, n_rank: int) -> dict:
                 return model.retrieve(tokens, k=topk, show_progress=False, n_threads=n)
 
             run()
-            secs, res = _timed_queries(run)
-            runs[n] = {"query_s": secs, "top": res.documents.tolist(),
-                       "scores": [[round(float(s), 4) for s in row if s > 0] for row in res.scores]}
-        return {"index_s": index_s, "n": len(queries), "base": base, "peak": _rss_mb(), "runs": runs}
+            secs, res = _timed(run, repeats)
+            runs[f"plain|{n}"] = {"query_s": secs, "top": res.documents.tolist(),
+                                  "scores": [[round(float(x), 4) for x in r if x > 0] for r in res.scores]}
+        return {"index_s": index_s, "n": len(queries), "base": base, "peak": _rss_mb(), "index_mb": float("nan"),
+                "runs": runs}
 
     from rank_bm25 import BM25Okapi
 
+    texts = texts[: min(len(texts), 100_000)]  # "on a small subset": Python lists per passage
     t = time.perf_counter()
     tokenized = bm25s.tokenize(texts, stopwords="en", stemmer=stemmer, return_ids=False, show_progress=False)
     model = BM25Okapi(tokenized, k1=K1, b=B)
     index_s = time.perf_counter() - t
     subset = bm25s.tokenize(queries[:n_rank], stopwords="en", stemmer=stemmer, return_ids=False, show_progress=False)
-    secs, _ = _timed_queries(lambda: [np.argsort(-model.get_scores(q))[:topk] for q in subset], repeats=1)
-    return {"index_s": index_s, "n": n_rank, "base": base, "peak": _rss_mb(), "runs": {0: {"query_s": secs}}}
+    secs, _ = _timed(lambda: [np.argsort(-model.get_scores(q))[:topk] for q in subset], 1)
+    return {"index_s": index_s, "n": n_rank, "base": base, "peak": _rss_mb(), "index_mb": float("nan"),
+            "docs": len(texts), "runs": {"plain|0": {"query_s": secs}}}
+
+
+def _agree(run: dict, ref: dict, exact: bool) -> float:
+    if "top" not in run:
+        return float("nan")
+    if exact:
+        return float(np.mean([a == b for a, b in zip(run["top"], ref["top"])]))
+    return float(np.mean([sorted(a) == sorted(b) for a, b in zip(run["scores"], ref["scores"])]))
+
+
+def run_size(args, n_docs: int, console) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="zsearch-bench-", dir=args.tmp) as tmp:
+        root = Path(tmp)
+        t = time.perf_counter()
+        # Everything big happens in subprocesses: Linux carries a parent's peak RSS into a
+        # forked child's ru_maxrss, so a fat parent would inflate every worker's number.
+        subprocess.run([sys.executable, __file__, "--worker", "data", "--data", str(root), "--docs", str(n_docs),
+                        "--queries", str(args.queries), "--corpus", args.corpus], check=True)
+        console.print(f"data: {n_docs:,} passages ({args.corpus}), {args.queries:,} queries "
+                      f"({time.perf_counter() - t:.0f}s)")
+        wanted = args.engines.split(",")
+        engines = [(e, sys.executable) for e in ("zsearch", "bm25s") if e in wanted]
+        if "bm25s-numba" in wanted and args.numba_python and Path(args.numba_python).exists():
+            engines.append(("bm25s-numba", args.numba_python))
+        elif "bm25s-numba" in wanted:
+            console.print("bm25s-numba: skipped (no --numba-python venv)")
+        if "rank-bm25" in wanted and n_docs <= args.rank_bm25_max_docs:
+            engines.append(("rank-bm25", sys.executable))
+        console.print("Pyserini: skipped here; see bench/pyserini.py (needs Java + pyserini)")
+        results = {}
+        for engine, python in engines:
+            console.print(f"running {engine} ...")
+            cmd = [python, __file__, "--worker", engine, "--data", str(root), "--topk", str(args.topk),
+                   "--rank-bm25-queries", str(args.rank_bm25_queries), "--repeats", str(args.repeats)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode:
+                console.print(f"{engine}: failed: {proc.stderr.strip().splitlines()[-1:]}")
+                continue
+            results[engine] = json.loads(proc.stdout.strip().splitlines()[-1])
+    ref = results["zsearch"]["runs"]["exhaustive|0"]
+    for engine, r in results.items():
+        for key, run in r["runs"].items():
+            mode, n = key.split("|")
+            rows.append({"docs": r.get("docs", n_docs), "engine": engine if mode == "plain" else f"zsearch {mode}",
+                         "threads": int(n), "index_s": r["index_s"], "peak": r["peak"], "index_mb": r["index_mb"],
+                         "qps": r["n"] / run["query_s"], "n": r["n"],
+                         "agree": _agree(run, ref, exact=engine == "zsearch")})
+    return rows
+
+
+def extrapolate(rows: list[dict], console) -> None:
+    zs = [r for r in rows if r["engine"] == "zsearch maxscore"]
+    sizes = sorted({r["docs"] for r in zs})
+    if len(sizes) < 2:
+        console.print("extrapolation: needs at least two --docs sizes")
+        return
+    one = {r["docs"]: r for r in zs if r["threads"] == 0}
+    par = {r["docs"]: r for r in zs if r["threads"] > 0}
+    x = np.array(sizes, dtype=float)
+
+    def lin(key):
+        slope, icpt = np.polyfit(x, [one[d][key] for d in sizes], 1)
+        return slope * WIKI18 + icpt
+
+    def power(table):
+        e, c = np.polyfit(np.log(x), np.log([table[d]["qps"] for d in sizes]), 1)
+        return float(np.exp(c) * WIKI18**e), float(e)
+
+    qps1, e1 = power(one)
+    qpsn, _ = power(par)
+    console.print(f"extrapolated to {WIKI18:,} passages (zsearch maxscore, fit over {', '.join(f'{d:,}' for d in sizes)}): "
+                  f"build {lin('index_s') / 60:.0f} min, peak RSS {lin('peak') / 1024:.1f} GiB, BM25 index "
+                  f"{lin('index_mb') / 1024:.1f} GiB on disk (+ corpus.arrow), QPS {qps1:,.0f} serial / {qpsn:,.0f} "
+                  f"all threads (QPS ~ N^{e1:.2f}); a 2560-query step: {2560 / qpsn:.1f} s")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--docs", type=int, default=100_000)
+    parser.add_argument("--docs", default="100000", help="comma-separated corpus sizes")
+    parser.add_argument("--corpus", choices=("zipf", "questions"), default="zipf")
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--topk", type=int, default=3)
-    parser.add_argument("--rank-bm25-queries", type=int, default=50)
+    parser.add_argument("--repeats", type=int, default=3, help="best of this many timed rounds")
+    parser.add_argument("--rank-bm25-queries", type=int, default=20)
+    parser.add_argument("--rank-bm25-max-docs", type=int, default=100_000)
+    parser.add_argument("--engines", default="zsearch,bm25s,bm25s-numba,rank-bm25",
+                        help="comma-separated subset of: zsearch, bm25s, bm25s-numba, rank-bm25")
+    parser.add_argument("--numba-python", default="/work/bench-venv/bin/python",
+                        help="python of a separate venv with bm25s + numba (never zsearch's own)")
+    parser.add_argument("--tmp", default=None, help="where corpora and indexes go (default: system temp)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker == "data":
-        make_data(args.data, args.docs, args.queries)
+        make_data(args.data, int(args.docs), args.queries, args.corpus)
         return
     if args.worker:
-        print(json.dumps(worker(args.worker, args.data, args.topk, args.rank_bm25_queries)))
+        print(json.dumps(worker(args.worker, args.data, args.topk, args.rank_bm25_queries, args.repeats)))
         return
 
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
-    with tempfile.TemporaryDirectory(prefix="zsearch-bench-") as tmp:
-        root = Path(tmp)
-        t = time.perf_counter()
-        # Everything big happens in subprocesses: Linux carries a parent's peak RSS into a
-        # forked child's ru_maxrss, so a fat parent would inflate every worker's number.
-        subprocess.run([sys.executable, __file__, "--worker", "data", "--data", str(root), "--docs", str(args.docs),
-                        "--queries", str(args.queries)], check=True)
-        console.print(f"data: {args.docs:,} passages, {args.queries:,} queries ({time.perf_counter() - t:.1f}s)")
-        results = {}
-        for engine in ("zsearch", "bm25s", "rank-bm25"):
-            console.print(f"running {engine} ...")
-            cmd = [sys.executable, __file__, "--worker", engine, "--data", str(root), "--topk", str(args.topk),
-                   "--rank-bm25-queries", str(args.rank_bm25_queries)]
-            proc = subprocess.run(cmd, capture_output=True, text=True, check=True)
-            results[engine] = json.loads(proc.stdout.strip().splitlines()[-1])
-
-    table = Table(title=f"BM25 top-{args.topk}: {args.docs:,} passages, {args.queries:,} queries (rank-bm25: "
-                        f"{args.rank_bm25_queries})")
-    for col in ("engine", "threads", "index s", "QPS", "ms/query", "peak RSS MB", "RSS for index MB"):
+    rows = []
+    for n_docs in (int(d) for d in args.docs.split(",")):
+        rows += run_size(args, n_docs, console)
+    table = Table(title=f"BM25 top-{args.topk}, {args.corpus} corpus, {args.queries:,} queries (rank-bm25: "
+                        f"{args.rank_bm25_queries}); {len(os.sched_getaffinity(0))} cores")
+    for col in ("passages", "engine", "threads", "build s", "peak RSS MB", "index MB", "QPS", "agree w/ exhaustive"):
         table.add_column(col, justify="left" if col == "engine" else "right")
-    qps = {}
-    for engine, r in results.items():
-        for n, run in r["runs"].items():
-            qps[engine, n] = r["n"] / run["query_s"]
-            table.add_row(engine, str(n) if int(n) else "serial", f"{r['index_s']:.1f}", f"{qps[engine, n]:,.1f}",
-                          f"{1000 / qps[engine, n]:.2f}", f"{r['peak']:,.0f}", f"{r['peak'] - r['base']:,.0f}")
+    for r in rows:
+        table.add_row(f"{r['docs']:,}", r["engine"], str(r["threads"]) if r["threads"] else "serial",
+                      f"{r['index_s']:.1f}", f"{r['peak']:,.0f}",
+                      "" if r["index_mb"] != r["index_mb"] else f"{r['index_mb']:,.0f}",
+                      f"{r['qps']:,.1f}", "" if r["agree"] != r["agree"] else f"{r['agree']:.1%}")
     console.print(table)
-    zs, raw = results["zsearch"], results["bm25s"]
-    for n in zs["runs"]:
-        zs_run, raw_run = zs["runs"][n], raw["runs"][n]
-        agree = np.mean([sorted(a) == sorted(b) for a, b in zip(zs_run["top"], raw_run["top"])])
-        # The rest should differ only among passages tied at equal scores: same score lists.
-        tied = np.mean([sorted(a) == sorted(b) or sorted(sa) == sorted(sb) for a, b, sa, sb in
-                        zip(zs_run["top"], raw_run["top"], zs_run["scores"], raw_run["scores"])])
-        console.print(f"zsearch / bm25s, {'serial' if not int(n) else f'{n} threads'}: QPS x{qps['zsearch', n] / qps['bm25s', n]:.2f} "
-                      f"(target >= 0.95); same top-{args.topk} passages on {agree:.1%} of queries, "
-                      f"same top-{args.topk} scores (differing only among ties) on {tied:.1%}")
-    console.print(f"zsearch / bm25s: index time x{zs['index_s'] / raw['index_s']:.2f}, peak RSS x{zs['peak'] / raw['peak']:.2f}")
+    extrapolate(rows, console)
+
 
 if __name__ == "__main__":
     main()

@@ -6,9 +6,12 @@ the bundled corpus, observation rendering/tokenization with limits, bookkeeping.
 engine's own share of wall time is what is left after generation and search.
 Target: under 5 %.
 
-With --real, also measures HFBackend tokens/s on the embedded smollm2 at batch 1 and 8.
+With --real, also measures HFBackend tokens/s on the embedded smollm2 at batch 1 and 8;
+with --backend vllm, the vLLM backend's beside it on the same prompts (informational: on
+vLLM's CPU build it is expected to be slower than HF for jobs this small; run it with the
+.venv-vllm python and VLLM_CPU_KVCACHE_SPACE=1).
 
-    python bench/rollout.py [--rows 64] [--group 5] [--gen-tps 20000] [--real]
+    python bench/rollout.py [--rows 64] [--group 5] [--gen-tps 20000] [--real] [--backend hf|vllm]
 """
 
 from __future__ import annotations
@@ -98,25 +101,39 @@ def overhead(rows: int, group: int, tps: float, work: Path) -> dict:
             "engine": wall - gen.seconds - search.seconds, "tokens": sum(t["response_tokens"] for t in trajs)}
 
 
-def real_tps(batch_sizes=(1, 8), new_tokens=64) -> list[tuple[int, float]]:
-    import torch
-
+def _tps(backend, prompt, batch_sizes, new_tokens) -> list[float]:
     from zsearch_cli.models.base import SamplingParams
-    from zsearch_cli.models.hf import HFBackend
-    from zsearch_cli.models.loading import apply_chat, load_model
 
-    torch.set_num_threads(2)
-    model, tok = load_model("smollm2", device="cpu")
-    backend = HFBackend(model, tok, device="cpu")
-    prompt = apply_chat(tok, "Tell me about the river Danube and the cities along it.")
     out = []
     for bs in batch_sizes:
         params = SamplingParams(max_new_tokens=new_tokens, temperature=0.0)
         backend.generate([prompt] * bs, SamplingParams(max_new_tokens=4, temperature=0.0))  # warm-up
         t0 = time.perf_counter()
         res = backend.generate([prompt] * bs, params)
-        out.append((bs, sum(len(r.token_ids) for r in res) / (time.perf_counter() - t0)))
+        out.append(sum(len(r.token_ids) for r in res) / (time.perf_counter() - t0))
     return out
+
+
+def real_tps(batch_sizes=(1, 8), new_tokens=64, vllm: bool = False) -> dict[str, list[float]]:
+    """tokens/s per batch size of the HF backend (and the vLLM backend) on smollm2, CPU fp32."""
+    import torch
+
+    from zsearch_cli.models.hf import HFBackend
+    from zsearch_cli.models.loading import apply_chat, load_model
+
+    torch.set_num_threads(2)
+    model, tok = load_model("smollm2", device="cpu")
+    prompt = apply_chat(tok, "Tell me about the river Danube and the cities along it.")
+    result = {"hf": _tps(HFBackend(model, tok, device="cpu"), prompt, batch_sizes, new_tokens)}
+    if vllm:
+        from zsearch_cli.models.vllm import VLLMBackend
+
+        engine = VLLMBackend("smollm2", max_model_len=1024, tokenizer=tok)
+        try:
+            result["vllm"] = _tps(engine, prompt, batch_sizes, new_tokens)
+        finally:
+            engine.close()
+    return result
 
 
 def main() -> None:
@@ -125,7 +142,10 @@ def main() -> None:
     ap.add_argument("--group", type=int, default=5)
     ap.add_argument("--gen-tps", type=float, default=20000.0, help="fake generator speed, tokens/s per batch")
     ap.add_argument("--real", action="store_true", help="also time HFBackend on smollm2 (CPU)")
+    ap.add_argument("--backend", choices=("hf", "vllm"), default="hf",
+                    help="vllm: also time the vLLM backend beside HF (implies --real)")
     args = ap.parse_args()
+    args.real = args.real or args.backend == "vllm"
     console = Console()
     with tempfile.TemporaryDirectory() as tmp:
         r = overhead(args.rows, args.group, args.gen_tps, Path(tmp))
@@ -139,13 +159,15 @@ def main() -> None:
     console.print(f"engine overhead {100 * r['engine'] / r['wall']:.1f} % (target < 5 %); "
                   f"{r['tokens']} response tokens")
     if args.real:
-        t = Table(title="HFBackend on smollm2, CPU fp32, greedy, 64 new tokens")
+        batch_sizes = (1, 8)
+        tps = real_tps(batch_sizes, vllm=args.backend == "vllm")
+        t = Table(title="generation on smollm2, CPU fp32, greedy, 64 new tokens (informational)")
         t.add_column("batch", justify="right")
-        t.add_column("tokens/s", justify="right")
-        for bs, tps in real_tps():
-            t.add_row(str(bs), f"{tps:.1f}")
+        for name in tps:
+            t.add_column(f"{name} tokens/s", justify="right")
+        for i, bs in enumerate(batch_sizes):
+            t.add_row(str(bs), *(f"{v[i]:.1f}" for v in tps.values()))
         console.print(t)
-
 
 if __name__ == "__main__":
     main()

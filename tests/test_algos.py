@@ -1,4 +1,4 @@
-"""zsearch_cli.algos (FORMULAS §4, §6).
+"""zsearch_cli.algos (docs/methods.md §4, §6).
 
 Tier 1: every advantage, loss, KL, GAE and filter against hand-computed values, with the
 arithmetic in the comments. Tier 2: equivalences between objectives and the ``ALGOS`` table.
@@ -18,12 +18,11 @@ from zsearch_cli.algos import (
     AlgoSpec,
     entropy_from_logits,
     filter_mixed_groups,
-    filter_stats,
     first_groups,
     need_more,
 )
 from zsearch_cli.algos.common import k3_kl, masked_whiten
-from zsearch_cli.algos.dspo import DSPOConfig, dspo_policy_loss
+from zsearch_cli.algos.dspo import DSPOConfig
 from zsearch_cli.algos.grpo import GRPOConfig, grpo_advantages, grpo_policy_loss
 from zsearch_cli.algos.gspo import GSPOConfig, gspo_policy_loss, sequence_log_ratio
 from zsearch_cli.algos.hrpo import HRPOConfig, hrpo_advantages, hrpo_policy_loss
@@ -35,7 +34,7 @@ from zsearch_cli.algos.ppo import (
     ppo_value_loss,
     token_rewards,
 )
-from zsearch_cli.algos.reinforce import ReinforceConfig, reinforce_advantages, reinforce_policy_loss
+from zsearch_cli.algos.reinforce import ReinforceConfig, reinforce_advantages
 
 
 def close(x, y, tol=1e-6):
@@ -141,15 +140,8 @@ def test_need_more():
     assert need_more(["g1", "g2"], 4, 1, 10)  # a collection of kept group ids works too
 
 
-def test_first_groups_and_filter_stats():
+def test_first_groups():
     assert first_groups(["a", "a", "b", "b", "c"], 2).tolist() == [True, True, True, True, False]
-    ids = ["p1"] * 3 + ["p2"] * 3
-    keep = torch.tensor([True, True, True, False, False, False])
-    stats = filter_stats(keep, ids, num_tokens=torch.tensor([5, 5, 5, 7, 8, 9]))
-    # 1 of 2 groups kept; the dropped p2 samples cost 7 + 8 + 9 = 24 tokens
-    assert float(stats["kept_groups"]) == 1 and float(stats["total_groups"]) == 2
-    assert float(stats["kept_frac"]) == 0.5 and float(stats["kept_samples"]) == 3
-    assert float(stats["tokens_wasted"]) == 24
 
 
 def test_every_spec_advantage_runs():
@@ -277,6 +269,31 @@ def test_grpo_with_k3_penalty():
     close(loss, -0.5 + 0.001 * (1 - math.log(2)))
     close(grad, expected_grad(-1 / 3 - 0.001 / 6, 0.25 - 0.001 / 4))
     close(stats["kl_ref"], 1 - math.log(2))
+
+
+@pytest.mark.parametrize(
+    ("loss_fn", "cfg"),
+    [
+        (grpo_policy_loss, GRPOConfig(beta=0.1)),
+        (gspo_policy_loss, GSPOConfig(beta=0.1)),
+        (hrpo_policy_loss, HRPOConfig(beta=0.1)),
+    ],
+)
+def test_kl_term_is_a_per_sequence_token_mean_in_every_loss(loss_fn, cfg):
+    # A = 0 and ρ = 1, so only β·(1/N) Σ_i (1/|y_i|) Σ_t D_t is left. logp_ref − logp_θ = ln2
+    # on row 0's first token and both of row 1's (D = 1 − ln2, ∂D/∂logp_θ = −1), 0 elsewhere
+    # (D = 0, gradient 0). Row means: (1 − ln2)/3 and (1 − ln2); N = 2, so
+    # L = 0.1·(1 − ln2)·(1/3 + 1)/2 = 0.1·(1 − ln2)·2/3 (a mean over all 5 tokens would give
+    # 0.1·(1 − ln2)·3/5). Gradient −β/(N|y_i|): −0.1/6 on row 0's first token, −0.1/4 on row 1's.
+    shift = torch.tensor([[math.log(2), 0.0, 0.0, 0.0], [0.0, math.log(2), math.log(2), 0.0]])
+    ref = OLD + shift
+    logp = make_logp((1.0, 1.0))
+    loss, grad, stats = grad_of(lambda lp: loss_fn(lp, OLD, torch.zeros(2), MASK, cfg, ref_logp=ref), logp)
+    close(loss, 0.1 * (1 - math.log(2)) * 2 / 3)
+    close(grad, torch.tensor([[-0.1 / 6, 0.0, 0.0, 0.0], [0.0, -0.1 / 4, -0.1 / 4, 0.0]]))
+    close(stats["kl_ref"], (1 - math.log(2)) * 3 / 5)  # the logged stat is the mean over policy tokens
+    with pytest.raises(ValueError, match="needs ref_logp"):
+        loss_fn(make_logp((1.0, 1.0)), OLD, torch.zeros(2), MASK, cfg)
 
 
 def test_grpo_needs_ref_when_beta_positive():
@@ -527,7 +544,7 @@ def test_grpo_with_group_size_one_and_no_std_scaling_is_reinforce():
     logp, old, ref, mask = batch(0)
     grpo_cfg, reinforce_cfg = GRPOConfig(scale_std=False), ReinforceConfig()
     lg, gg = loss_and_grad(grpo_policy_loss, logp, old, a_grpo, mask, grpo_cfg, ref_logp=ref)
-    lr, gr = loss_and_grad(reinforce_policy_loss, logp, old, a_reinforce, mask, reinforce_cfg, ref_logp=ref)
+    lr, gr = loss_and_grad(ALGOS["reinforce"].policy_loss, logp, old, a_reinforce, mask, reinforce_cfg, ref_logp=ref)
     close(lg, lr, tol=0)
     close(gg, gr, tol=0)
 
@@ -548,13 +565,14 @@ def test_gspo_equals_grpo_with_one_policy_token_per_sequence():
 
 
 def test_dspo_nofilter_is_gspo_and_dspo_loss_is_gspo_loss():
-    nofilter, gspo = ALGOS["dspo-nofilter"], ALGOS["gspo"]
+    nofilter, gspo, dspo = ALGOS["dspo-nofilter"], ALGOS["gspo"], ALGOS["dspo"]
     assert nofilter.policy_loss is gspo.policy_loss and nofilter.advantages is gspo.advantages
+    assert dspo.policy_loss is gspo_policy_loss and dspo.advantages is grpo_advantages
     assert nofilter.config_cls is gspo.config_cls and not nofilter.filter_groups and nofilter.sequence_level
     logp, old, _, mask = batch(2)
     adv = torch.tensor([1.0, -1.0, 0.5, -0.3, 2.0, -2.0])
     l1, g1 = loss_and_grad(gspo_policy_loss, logp, old, adv, mask, GSPOConfig())
-    l2, g2 = loss_and_grad(dspo_policy_loss, logp, old, adv, mask, DSPOConfig())
+    l2, g2 = loss_and_grad(dspo.policy_loss, logp, old, adv, mask, DSPOConfig())
     close(l1, l2, tol=0)
     close(g1, g2, tol=0)
 

@@ -176,3 +176,18 @@ def test_cli_hybrid_index_and_search(corpus: Path, tiny_bert: Path, tmp_path: Pa
     result = CliRunner().invoke(app, ["search", "violin bow string instrument", "--index", out, "-k", "2"])
     assert result.exit_code == 0, result.output
     assert "hybrid top-2" in result.stdout and "violin" in result.stdout
+
+
+@pytest.mark.parametrize("victim, action", [("dense/index.faiss", "truncate"), ("dense/index.faiss", "delete"),
+                                            ("dense/embeddings.npy", "truncate")])
+def test_missing_or_truncated_dense_files_are_rebuild_errors(corpus: Path, tiny_bert: Path, tmp_path: Path,
+                                                             victim: str, action: str) -> None:
+    out = build_index(corpus, tmp_path / "idx", {"kind": "dense", "encoder": str(tiny_bert), "max_length": 32})
+    path = out / victim
+    if action == "delete":
+        path.unlink()
+    else:
+        path.write_bytes(path.read_bytes()[:-100])
+    with pytest.raises(ZsearchError, match=f"{victim}.*rebuild the index") as err:
+        load_index(out).search(["violin"], 3, "dense")
+    assert "\n" not in str(err.value)

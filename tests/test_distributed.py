@@ -86,7 +86,8 @@ def _worker(argv: list[str]) -> None:
         _shard_on_cpu()
     out = Path(argv[argv.index("--out") + 1])
     rank = int(os.environ.get("RANK", "0"))
-    collect.outcome_reward = lambda text, *args, **kwargs: len(text) / 1000  # differs within every group
+    # the model's text length: differs within every group (the turns list, or one string)
+    collect.outcome_reward = lambda text, *args, **kwargs: len(text if isinstance(text, str) else "".join(text)) / 1000
     atomic_dir = checkpoint.atomic_dir
 
     def logged_atomic_dir(target: Path, write: Any) -> Path:
@@ -111,6 +112,54 @@ def _worker(argv: list[str]) -> None:
     torch.set_num_threads(1)
     sys.argv = ["zsearch", *argv]
     app()
+
+
+def _update_worker(out: Path, model_dir: str, algo: str, batch_size: int) -> None:
+    """One launched process (or the only one): the update of ``train/update.py`` on a fixed
+    batch, no rollout. The B prompts × 2 samples, their token ids, loss masks (of unequal
+    lengths, so PPO's token counts differ between the processes) and rewards are the same
+    in every launch; a process keeps prompts rank::world, as ``train/collect.py`` shares
+    them. Its weights after one update go to OUT/update.rankN.safetensors."""
+    import torch
+    from accelerate import Accelerator
+    from safetensors.torch import save_file
+
+    from zsearch_cli.train.config import TrainConfig, algo_config, check_even_shards, get_spec, resolve_config
+    from zsearch_cli.train.models import load_critic, load_policy
+    from zsearch_cli.train.update import StepModels, advantages, optimize, rollout_tensors
+
+    torch.set_num_threads(1)
+    acc = Accelerator(cpu=True)
+    rank, world = acc.process_index, acc.num_processes
+    check_even_shards(batch_size, world)
+    cfg = resolve_config(TrainConfig(algo=algo, model=model_dir, batch_size=batch_size, group_size=2, lr=1e-2,
+                                     beta=0.0, micro_batch_size=3, seed=0, temperature=1.0))
+    spec, acfg = get_spec(algo), algo_config(cfg)
+    gen = torch.Generator().manual_seed(123)
+    trajs = []
+    for p in range(batch_size):
+        prompt = torch.randint(3, 200, (4,), generator=gen).tolist()
+        for g in range(2):
+            n = 3 + (5 * p + 3 * g) % 7  # unequal lengths
+            mask = [1] * n
+            mask[1] = 0  # an observation token in the middle
+            trajs.append({"prompt_ids": prompt, "response_ids": torch.randint(3, 200, (n,), generator=gen).tolist(),
+                          "loss_mask": mask, "logprobs": [0.0] * n, "reward": float((p + g) % 2) + 0.1 * p,
+                          "group_id": f"0/0:q{p}"})
+    mine = [t for p in range(rank, batch_size, world) for t in trajs[2 * p : 2 * p + 2]]
+    torch.manual_seed(0)
+    policy, _ = load_policy(cfg, "cpu", "float32")
+    critic = load_critic(cfg, "cpu", "float32") if spec.needs_critic else None
+    optimizer = torch.optim.SGD(policy.parameters(), lr=1e-2)  # plain SGD: the update is the gradient
+    critic_opt = torch.optim.SGD(critic.parameters(), lr=1e-2) if critic is not None else None
+    if critic is not None:
+        critic, critic_opt = acc.prepare(critic, critic_opt)
+    policy, optimizer = acc.prepare(policy, optimizer)
+    m = StepModels(policy, None, critic, optimizer, critic_opt, acc, 0, acc.device)
+    rt = advantages(spec, acfg, mine, rollout_tensors(m, mine, cfg), acc)
+    optimize(m, spec, acfg, cfg, mine, rt, step=0)
+    state = {k: v.detach().clone().contiguous() for k, v in acc.unwrap_model(policy).state_dict().items()}
+    save_file(state, str(out / f"update.rank{rank}.world{world}.safetensors"))
 
 
 # ------------------------------------------------------------------ helpers of the tests
@@ -234,6 +283,42 @@ def test_resume_under_another_distribution_is_a_one_line_error(tmp_path, saved, 
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+def test_a_two_process_update_equals_the_one_process_update(tmp_path, tiny_model_dir, algo):
+    # The same fixed batch of B=2 prompts × 2 samples, updated once (SGD, whole batch) by
+    # one process and by 2 DDP processes holding a prompt each. The sequence mean (GRPO) and
+    # the token mean (PPO: the processes hold different numbers of policy tokens) must give
+    # the one-process weights. Before, each process divided PPO's loss by its own token
+    # count, which DDP's gradient average does not undo (rank 0 was off by 1.4e-4).
+    one = subprocess.run([sys.executable, __file__, "update", str(tmp_path), str(tiny_model_dir), algo, "2"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    _ok(_launch([__file__, "update", str(tmp_path), str(tiny_model_dir), algo, "2"], None, tmp_path))
+    single = _weights(tmp_path / "update.rank0.world1.safetensors")
+    initial = _weights(tiny_model_dir / "model.safetensors")
+    moved = max(float((single[k] - initial[k]).abs().max()) for k in initial)
+    assert moved > 1e-4, "the update changed nothing: the comparison would prove nothing"
+    for rank in (0, 1):
+        ddp = _weights(tmp_path / f"update.rank{rank}.world2.safetensors")
+        worst = max(float((ddp[k] - single[k]).abs().max()) for k in single)
+        assert worst < 1e-6 * max(1.0, moved) + 1e-7, f"rank {rank} differs from one process by {worst:.3g}"
+
+
+def test_a_batch_the_processes_cannot_share_equally_is_refused_before_any_model_loads(tmp_path, tiny_model_dir):
+    # B = 3 on 2 processes: one line, exit 2, and no weights were ever loaded (the error
+    # comes from the accelerator setup, before load_policy).
+    done = _launch(["-m", "zsearch_cli.cli", "train", "--model", str(tmp_path / "no-such-model"), "--batch-size",
+                    "3", "-G", "2", "--out", str(tmp_path / "run"), "--steps", "1"], None, tmp_path)
+    text = done.stdout + done.stderr
+    assert done.returncode != 0
+    assert "--batch-size 3 cannot be shared equally by 2 processes" in text, text[-2000:]
+    # Each process prints the one line; the only traceback is accelerate's launcher
+    # reporting that its children exited non-zero, none comes from zsearch.
+    assert text.count("error: --batch-size 3 cannot be shared equally") == 2
+    assert "zsearch_cli" not in text.split("error: --batch-size", 1)[0] and "no-such-model" not in text
+
+
+@pytest.mark.slow
 def test_ddp_two_cpu_processes_train_save_and_resume(tmp_path, tiny_model_dir, demo_index):
     out = tmp_path / "ddp"
 
@@ -292,4 +377,7 @@ def test_zero3_on_cpu_saves_consolidated_weights_and_partitions(tmp_path, tiny_m
 
 
 if __name__ == "__main__":  # a process started by the tests' `accelerate launch`
-    _worker(sys.argv[1:])
+    if sys.argv[1] == "update":
+        _update_worker(Path(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]))
+    else:
+        _worker(sys.argv[1:])

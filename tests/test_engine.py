@@ -206,3 +206,28 @@ def test_http_backend_down_mid_run_keeps_finished_rows(tmp_path, tiny_backend):
         engine.rollout(rows)
     assert url in str(info.value) and "3 attempt" in str(info.value)
     assert [t["id"] for t in info.value.completed] == ["a#0"]
+
+
+def test_a_literal_observation_tag_written_by_the_policy_does_not_hide_its_answer(tiny_backend):
+    # The policy itself writes "<information>" (unclosed) in its reasoning, then answers.
+    # Only the engine knows which spans it inserted: a text search for the observation tag
+    # took the policy's literal tag for an unclosed observation and dropped everything after
+    # it, so the answer vanished and the reward was 0. The score must read the model's
+    # turns as the engine recorded them: answer "Paris", EM 1.
+    from zsearch_cli.rewards import extract_answer, is_well_formed, policy_turns
+    from zsearch_cli.train.collect import score
+
+    tok = tiny_backend.tokenizer
+    q = "Q-capital?"
+    turns = ["<think> look it up </think><search> capital of France </search>",
+             "<think> the <information> block above says Paris </think><answer> Paris </answer>"]
+    engine = RolloutEngine(ScriptedBackend(tok, {q: turns}), TagsProtocol(), RecordingSearch({"capital of France": VIENNA}),
+                           RolloutConfig(topk=1))
+    (traj,) = engine.rollout([QARow("1", q, ["Paris"])])
+    assert traj["num_searches"] == 1 and traj["prediction"] == "Paris"
+    # The text search alone loses the answer: this is the bug the spans avoid.
+    assert extract_answer(traj["response_text"]) is None
+    assert extract_answer(policy_turns(traj)) == "Paris"
+    assert is_well_formed(policy_turns(traj))
+    score([traj], "em", "tags", 0.0)
+    assert traj["em"] == 1.0 and traj["reward"] == 1.0

@@ -49,7 +49,8 @@ def test_eval_agent_and_rag_end_to_end_then_resume(tmp_path, demo_index, tiny_mo
     assert read_artifact(out / "demo" / "agent.examples.parquet", EVAL_EXAMPLE).num_rows == 6
 
 
-def test_score_predictions_file_joined_with_qa(tmp_path):
+def test_score_predictions_file_joined_with_qa(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the dataset key is the predictions file's path: preds.jsonl
     qa = tmp_path / "qa.jsonl"
     qa.write_text("\n".join(json.dumps(r) for r in [
         {"id": "1", "question": "Capital of France?", "golden_answers": ["Paris"]},
@@ -61,7 +62,7 @@ def test_score_predictions_file_joined_with_qa(tmp_path):
         {"id": "2", "prediction": "the playwright Shakespeare"},  # subEM only; F1 = 2*1/(3+1)... see below
     ]))
     _eval(["--predictions", str(preds), "--qa", str(qa), "--out", str(tmp_path / "out")])
-    s = read_artifact(tmp_path / "out" / "preds" / "predictions.summary.parquet", EVAL_SUMMARY).to_pylist()[0]
+    s = read_artifact(tmp_path / "out" / "preds.jsonl" / "predictions.summary.parquet", EVAL_SUMMARY).to_pylist()[0]
     # row 2: pred tokens [playwright, shakespeare] ("the" removed); best gold "shakespeare":
     # IN=1, PN=2, RN=1 -> F1 = 2*1/(2+1) = 2/3.  Means: EM (1+0)/2, subEM (1+1)/2, F1 (1+2/3)/2.
     assert s["em"] == pytest.approx(0.5)

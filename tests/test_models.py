@@ -125,6 +125,7 @@ def test_vllm_backend_maps_the_engine_api(tiny_model_dir, monkeypatch):
     class FakeLLM:
         def __init__(self, **kw):
             calls["llm"] = kw
+            self.llm_engine = SimpleNamespace(model_config=SimpleNamespace(dtype=torch.bfloat16))
 
         def generate(self, prompts, sampling_params, use_tqdm):
             calls["sampling"] = sampling_params
@@ -137,9 +138,21 @@ def test_vllm_backend_maps_the_engine_api(tiny_model_dir, monkeypatch):
                 outs.append(SimpleNamespace(outputs=[comp]))
             return outs
 
+    class FakeCuda:  # vllm.platforms.current_platform on a CUDA machine
+        device_type = "cuda"
+
+        def is_unspecified(self):
+            return False
+
+        def is_cpu(self):
+            return False
+
     fake = types.ModuleType("vllm")
     fake.LLM, fake.SamplingParams = FakeLLM, lambda **kw: kw
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = FakeCuda()
     monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
@@ -147,6 +160,7 @@ def test_vllm_backend_maps_the_engine_api(tiny_model_dir, monkeypatch):
 
     backend = VLLMBackend(str(tiny_model_dir))
     assert calls["llm"]["logprobs_mode"] == "processed_logprobs" and calls["llm"]["dtype"] == "bfloat16"
+    assert calls["llm"]["gpu_memory_utilization"] == 0.5  # a GPU platform: the GPU memory share applies
     params = SamplingParams(max_new_tokens=5, temperature=0.7, top_p=0.9, seed=1)
     outs = backend.generate([[1, 2], [3], [4, 5]], params, stop=["</search>"])
     sp = calls["sampling"]

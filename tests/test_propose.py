@@ -81,7 +81,8 @@ def test_difficulty_reward_from_solver_rollouts(tiny_backend):
 def test_best_of_prefers_the_gate_then_the_format_score(tiny_backend):
     src = Passage("d", "T", "text")
     prompt = ProposerPrompt("p", 1, src)
-    trajs = [{"response_text": LEAKY}, {"response_text": FINAL}, {"response_text": "nothing"}]
+    # One-turn trajectories as the engine records them: the model's own text in the turns log.
+    trajs = [{"response_text": r, "turns": [{"text": r}]} for r in (LEAKY, FINAL, "nothing")]
     assert best_of(trajs, [prompt], 3)[0]["response_text"] == FINAL
 
 

@@ -122,7 +122,8 @@ def test_tags_empty_answer_is_an_answer() -> None:
 
 
 def test_tags_observation_exact() -> None:
-    # FORMULAS §2: "\n\n<information>Doc 1(Title: …) …\nDoc 2(Title: …) …</information>\n\n"
+    # docs/methods.md §2.2:
+    # "\n\n<information>Doc 1(Title: …) …\nDoc 2(Title: …) …</information>\n\n"
     obs = TAGS.render_observation([[P1, P2]], Action(kind="search", queries=["q"]))
     assert obs == (
         '\n\n<information>Doc 1(Title: "Paris") Paris is the capital of France.\n'

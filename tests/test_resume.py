@@ -9,12 +9,19 @@ which derive from (seed, step, turn) and per-row generators rather than from a g
 stream (the global RNG states are saved and restored too). The PPO variant adds the critic,
 its optimizer and shuffled mini-batches over 2 epochs; the LoRA variant resumes an adapter
 on a freshly loaded base.
+
+The tiny random model never writes an ``<answer>`` tag, so with the real reward every
+reward, advantage and gradient would be 0, the weights would never move, and "bit-identical
+after resume" would hold for any resume at all. The processes therefore run this file,
+which rewards the length of the model's text instead (different within every group), and
+the test checks that the weights moved and that resuming from other weights would differ.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,7 +47,7 @@ def demo_index(tmp_path_factory) -> Path:
 
 
 def _cmd(out: Path, model: Path, index: Path, extra: list[str]) -> list[str]:
-    return [sys.executable, "-m", "zsearch_cli.cli", "train", "--model", str(model), "--index", str(index),
+    return [sys.executable, __file__, "train", "--model", str(model), "--index", str(index),
             "--out", str(out), "--steps", "6", "--save-every", "3", "--batch-size", "2", "--max-turns", "2",
             "--max-turn-tokens", "16", "--device", "cpu", "--lr", "1e-3", "--seed", "3", *extra]
 
@@ -49,10 +56,17 @@ def _env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"}
 
 
+def _weights_file(folder: Path) -> Path:
+    name = "adapter_model.safetensors" if (folder / "adapter_config.json").exists() else "model.safetensors"
+    return folder / name
+
+
 def _weights(out: Path) -> dict:
-    final = out / "final"
-    name = "adapter_model.safetensors" if (final / "adapter_config.json").exists() else "model.safetensors"
-    return load_file(str(final / name))
+    return load_file(str(_weights_file(out / "final")))
+
+
+def _differing(a: dict, b: dict) -> list[str]:
+    return [k for k in a if k in b and not (a[k] == b[k]).all()]
 
 
 @pytest.mark.parametrize("extra", [
@@ -75,16 +89,35 @@ def test_kill_and_resume_is_bit_identical(extra, tmp_path, tiny_model_dir, demo_
     proc.wait()
     assert checkpoint.is_dir(), proc.stderr.read()[-3000:]
     assert proc.returncode == -signal.SIGKILL and not (killed / "final").exists(), "the run ended before the kill"
+    # The control: the same killed run, resumed from a checkpoint whose weights are those of
+    # step 6 (same files, sizes and options; only the weights are wrong).
+    wrong_start = tmp_path / "wrong"
+    shutil.copytree(killed, wrong_start)
+    shutil.copyfile(_weights_file(straight / "checkpoints" / "step-6"),
+                    _weights_file(wrong_start / "checkpoints" / "step-3"))
 
     resumed = subprocess.run(_cmd(killed, tiny_model_dir, demo_index, [*extra, "--resume"]), env=_env(),
                              capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from" in resumed.stderr and "step 3/6" in resumed.stderr
+    assert wrong_start.is_dir()
 
     a, b = _weights(straight), _weights(killed)
     assert a.keys() == b.keys()
-    different = [k for k in a if not (a[k] == b[k]).all()]
+    different = _differing(a, b)
     assert not different, f"{len(different)} tensors differ after resume, e.g. {different[:3]}"
+    # The comparison can fail: the updates moved the weights from the start ...
+    start = _weights_file(tiny_model_dir) if "--lora-r" not in extra else None
+    if start is not None:
+        assert _differing(a, load_file(str(start))), "the run never changed the weights: the test proves nothing"
+    else:
+        assert any(float(v.abs().max()) > 0 for k, v in a.items() if "lora_B" in k), "LoRA B is still 0"
+    assert all(r["grad_norm"] > 0 for r in read_artifact(straight / "metrics.parquet", METRICS).to_pylist())
+    # ... and resuming from other weights ends elsewhere.
+    control = subprocess.run(_cmd(wrong_start, tiny_model_dir, demo_index, [*extra, "--resume"]), env=_env(),
+                             capture_output=True, text=True, timeout=300)
+    assert control.returncode == 0, control.stderr[-3000:]
+    assert _differing(a, _weights(wrong_start)), "resuming from the wrong checkpoint gave the same weights"
 
     rows_a = read_artifact(straight / "metrics.parquet", METRICS).to_pylist()
     rows_b = read_artifact(killed / "metrics.parquet", METRICS).to_pylist()
@@ -94,3 +127,17 @@ def test_kill_and_resume_is_bit_identical(extra, tmp_path, tiny_model_dir, demo_
     for key in ("reward_mean", "response_length", "grad_norm", "kl", "vf_loss", "lr"):
         assert [r[key] for r in rows_a] == [r[key] for r in rows_b], key
     assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == ["step-3", "step-6"]
+
+
+def _length_reward(response, *args, **kwargs) -> float:
+    """The model's text length / 1000: differs within every group, so gradients are non-zero."""
+    return len(response if isinstance(response, str) else "".join(response)) / 1000
+
+
+if __name__ == "__main__":  # a `zsearch train` process started by the tests above
+    import zsearch_cli.train.collect as collect
+    from zsearch_cli.cli import app
+
+    collect.outcome_reward = _length_reward
+    sys.argv = ["zsearch", *sys.argv[1:]]
+    app()

@@ -19,7 +19,6 @@ from zsearch_cli.rewards import (
     proposer_format_reward,
     proposer_reward,
     score_answer,
-    solver_pass_count,
     subem,
 )
 
@@ -222,17 +221,6 @@ def test_difficulty_reward_bounds() -> None:
     assert difficulty_reward(0, 1) == 0.0 and difficulty_reward(1, 1) == 0.0  # no 0<k<1
     with pytest.raises(ValueError):
         difficulty_reward(6, 5)
-
-
-def test_solver_pass_count() -> None:
-    outs = [
-        "<answer>Massey University</answer>",
-        "<answer>massey university.</answer>",
-        "Massey University",
-        "",
-    ]
-    # the third has no answer tag -> wrong (Dr. Zero's code would score its raw text)
-    assert solver_pass_count(outs, "Massey University") == 2
 
 
 # ------------------------------------------------------------------ Dr. Zero proposer format

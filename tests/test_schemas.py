@@ -98,10 +98,10 @@ def test_empty_question(tmp_path):
 def test_golden_answers_not_a_list(tmp_path):
     rows = GOOD + [{"id": "q3", "question": "Why?", "golden_answers": "because"}]
     msg = _error(load_qa, _jsonl(tmp_path / "qa.jsonl", rows))
-    assert "row 2: column 'golden_answers' must be a list of a string, got str" in msg
+    assert "row 2: column 'golden_answers' must be a list of strings, got str" in msg
     # the same in Parquet: a string column where a list is expected
     pq.write_table(pa.table({"id": ["1"], "question": ["q"], "golden_answers": ["a"]}), tmp_path / "qa.parquet")
-    assert "column 'golden_answers' must be a list of a string, got a string" in _error(load_qa, tmp_path / "qa.parquet")
+    assert "column 'golden_answers' must be a list of strings, got a string" in _error(load_qa, tmp_path / "qa.parquet")
 
 
 def test_search_r1_parquet(tmp_path):

@@ -181,7 +181,8 @@ def test_cache_hits_are_counted_and_only_misses_are_searched(index: Any) -> None
     with serving(create_app(index, cache_size=1000)) as base:
         post = lambda qs: requests.post(base + "/retrieve", json={"queries": qs, "topk": 3, "return_scores": True},
                                         timeout=5).json()["result"]
-        stats = lambda: requests.get(base + "/health", timeout=5).json()["cache"]
+        stats = lambda: {k: v for k, v in requests.get(base + "/health", timeout=5).json()["cache"].items()
+                         if k not in ("bytes", "max_bytes")}  # byte counts: test_cache_is_bounded_in_bytes...
         first = post(["river", "comet orbit"])
         assert stats() == {"hits": 0, "misses": 2, "size": 2, "capacity": 1000, "index_calls": 1, "searched": 2}
         second = post(["comet orbit", "river", "glacier", "glacier"])  # two hits, one new query sent once
@@ -336,3 +337,71 @@ def test_cli_serve_non_loopback_host_warns(index_dir: Path) -> None:
     )
     assert "warning: listening on 192.0.2.1, not loopback" in " ".join(proc.stderr.split())
     assert proc.returncode == 2 and "cannot listen on 192.0.2.1:0" in proc.stderr
+
+
+# ----------------------------------------------------------------------------- request and memory bounds
+
+
+def test_json_nested_2000_deep_is_a_400_not_a_500(url: str) -> None:
+    # The stdlib parser recurses once per level and raises RecursionError, which used to
+    # fall through to the 500 handler (and log a traceback per request).
+    body = b'{"queries": ' + b"[" * 2000 + b"]" * 2000 + b"}"
+    resp = requests.post(url + "/retrieve", data=body, headers={"content-type": "application/json"}, timeout=5)
+    assert resp.status_code == 400 and "nested too deeply" in resp.json()["error"]
+
+
+def test_search_r1_grpo_request_of_2560_queries_is_served_by_default(index: Any) -> None:
+    # Search-R1's GRPO: 512 prompts x 5 samples in one /retrieve; a 413 crashes its client.
+    qs = queries_for(11, 2560)
+    with serving(create_app(index)) as base:
+        resp = requests.post(base + "/retrieve", json={"queries": qs, "topk": 3}, timeout=60)
+    assert resp.status_code == 200
+    result = resp.json()["result"]
+    assert len(result) == 2560 and [d["id"] for d in result[5]] == [p.id for p in index.search([qs[5]], 3)[0]]
+
+
+def test_queries_times_topk_is_bounded(index: Any) -> None:
+    with serving(create_app(index, max_results=100)) as base:
+        ok = requests.post(base + "/retrieve", json={"queries": ["river"] * 20, "topk": 5}, timeout=5)
+        big = requests.post(base + "/retrieve", json={"queries": ["river"] * 20, "topk": 6}, timeout=5)
+    assert ok.status_code == 200
+    assert big.status_code == 413 and "120" in big.json()["error"]
+
+
+def test_cache_is_bounded_in_bytes_and_reports_them(index: Any) -> None:
+    # Each entry holds 3 passages of ~100-250 chars plus ~860 bytes of overhead: ~1.5 KB.
+    # A 6 KB budget therefore keeps a handful of the 40 distinct queries, never all.
+    with serving(create_app(index, cache_size=10_000, cache_bytes=6000)) as base:
+        for q in queries_for(3, 40):
+            requests.post(base + "/retrieve", json={"queries": [q], "topk": 3}, timeout=5)
+        cache = requests.get(base + "/health", timeout=5).json()["cache"]
+    assert cache["max_bytes"] == 6000
+    assert 0 < cache["bytes"] <= 6000
+    assert 1 <= cache["size"] < 10
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_wiki18_passages_are_served_byte_identical(tmp_path: Path, fmt: str) -> None:
+    # Search-R1's server returns the corpus's `contents` string untouched; rebuilding it from
+    # (title, text) dropped a title's own leading quote and the trailing whitespace.
+    contents = ['""Weird Al" Yankovic"\n"Weird Al" Yankovic is an American singer known for parody.  \n',
+                '"Tab\ttitle"\nA passage with  double  spaces\tand a tab, then a trailing space ',
+                'no title line, only a passage about parody singers']
+    rows = [{"id": str(i), "contents": c} for i, c in enumerate(contents)]
+    corpus = tmp_path / f"wiki.{fmt}"
+    if fmt == "jsonl":
+        corpus.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(rows), corpus)
+    index = load_index(build_index(corpus, tmp_path / "idx", {"kind": "bm25"}))
+    assert index.get(0).title == '"Weird Al" Yankovic'  # one pair of quotes removed, not the title's own
+    with serving(create_app(index)) as base:
+        scored = requests.post(base + "/retrieve", json={"queries": ["parody singer", "double tab passage"],
+                                                         "topk": 3, "return_scores": True}, timeout=5).json()
+        bare = requests.post(base + "/retrieve", json={"queries": ["parody singer"], "topk": 3}, timeout=5).json()
+    served = {d["document"]["id"]: d["document"]["contents"] for hits in scored["result"] for d in hits}
+    served.update({d["id"]: d["contents"] for d in bare["result"][0]})
+    assert served == {str(i): c for i, c in enumerate(contents)}

@@ -90,7 +90,7 @@ class RecordingGenerator:
 
 def test_each_simulator_prompt_carries_its_own_rows_question_and_answer(tiny_backend):
     # The first row never searches and the others search on different turns: a backend
-    # that paired queries with batch positions (the anchor's bug) would mix the rows up.
+    # that paired queries with batch positions (the bug in ZeroSearch's code) would mix the rows up.
     rows = [
         QARow("hamlet", "Who wrote Hamlet?", ["William Shakespeare"]),
         QARow("vienna", "Which river flows through Vienna?", ["Danube", "Donau"]),

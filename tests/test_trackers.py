@@ -54,6 +54,16 @@ def test_tensorboard_gets_every_step_of_reward_and_loss(tmp_path, tiny_model_dir
     for key in ("reward_mean", "loss", "lr", "response_length"):
         assert [s for s, _ in scalars[key]] == [0, 1], key  # one point per step, none twice
         assert [v for _, v in scalars[key]] == pytest.approx([r[key] for r in rows]), key
+    # The tiny model's reward and loss are 0 at every step, so for them "equal" could hide a
+    # tracker that logs zeros; these two are non-zero and must arrive as they are.
+    assert all(r["lr"] > 0 and r["response_length"] > 0 for r in rows)
+    # The hyper-parameters are the resolved ones: no "algorithm default" left as null/absent.
+    import yaml
+
+    (hparams_file,) = list(out.rglob("hparams.yml"))
+    hparams = yaml.safe_load(hparams_file.read_text())
+    assert (hparams["lr"], hparams["beta"], hparams["clip_eps"], hparams["reward"]) == (1e-6, 0.001, 0.2, "em")
+    assert hparams["group_size"] == 2 and hparams["mini_batch_size"] == 4
 
 
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed")

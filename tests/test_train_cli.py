@@ -97,9 +97,42 @@ def test_preset_values_yield_to_flags_and_config_file(tmp_path, monkeypatch):
 
 
 def test_existing_run_needs_resume(tmp_path, tiny_model_dir, demo_index):
-    (tmp_path / "checkpoints" / "step-2").mkdir(parents=True)
-    (tmp_path / "checkpoints" / "step-2" / "trainer_state.json").write_text('{"config": {}}')
+    from zsearch_cli.train.checkpoint import atomic_dir
+
+    # a (complete: its manifest lists what was written) checkpoint of an earlier run
+    atomic_dir(tmp_path / "checkpoints" / "step-2", lambda d: (d / "trainer_state.json").write_text('{"config": {}}'))
     result = runner.invoke(app, ["train", "--out", str(tmp_path), "--model", str(tiny_model_dir),
                                  "--index", str(demo_index), "--device", "cpu"])
     assert result.exit_code == 2
     assert "already holds checkpoints (latest step-2): pass --resume" in " ".join(result.output.split())
+
+
+def test_metadata_holds_the_resolved_config_and_the_algorithms_reward(tmp_path, tiny_model_dir, demo_index):
+    # No --preset and no --reward/--lr/--beta/--clip-eps/--mini-batch-size: the run must use,
+    # and record, DSPO's own defaults (subEM; lr 1e-6; β 0; sequence clip 3e-4/4e-4; G 5)
+    # and the mini-batch it really took (the whole batch: 2 prompts × 2 samples = 4
+    # sequences). Before, the metadata said null for each and DSPO filtered on EM.
+    out = tmp_path / "dspo"
+    _ok(["train", "--algo", "dspo", "--model", str(tiny_model_dir), "--index", str(demo_index), "-G", "2",
+         "--steps", "1", "--batch-size", "2", "--max-gen-batches", "1", "--max-turn-tokens", "8",
+         "--max-turns", "1", "--device", "cpu", "--out", str(out)])
+    config = read_metadata(out / "metrics.parquet")["config"]
+    assert config["reward"] == "subem"
+    assert (config["lr"], config["beta"], config["group_size"]) == (1e-6, 0.0, 2)
+    assert (config["clip_eps_low"], config["clip_eps_high"], config["clip_eps"]) == (3e-4, 4e-4, None)
+    assert config["max_gen_batches"] == 1 and config["mini_batch_size"] == 4
+    assert config["critic_lr"] is None  # DSPO has no critic: nothing to resolve
+
+
+@pytest.mark.parametrize("algo,reward", [("grpo", "em"), ("ppo", "em"), ("reinforce", "f1"), ("dspo", "subem"),
+                                         ("gspo", "subem"), ("dspo-token", "subem")])
+def test_each_algorithm_defaults_to_its_papers_reward(algo, reward):
+    from zsearch_cli.train.config import TrainConfig, algo_config, resolve_config
+
+    cfg = resolve_config(TrainConfig(algo=algo, group_size=1 if algo in ("ppo", "reinforce") else 2))
+    assert cfg.reward == reward
+    assert resolve_config(cfg) == cfg  # idempotent: a resumed run compares equal
+    if algo.startswith("dspo"):
+        assert algo_config(cfg).reward == reward  # the filter's metric is the reward
+    # A value the user set always wins over the algorithm's default.
+    assert resolve_config(TrainConfig(algo=algo, reward="f1" if reward != "f1" else "em")).reward != reward

@@ -171,7 +171,7 @@ class FakeEngine:
                 word = self.answers[r.id][g % len(self.answers[r.id])]
                 out.append({"id": f"{r.id}#{g}", "row_id": r.id, "sample_index": g, "group_id": f"{step}:{r.id}",
                             "golden_answers": r.golden_answers, "response_text": f"<answer> {word} </answer>",
-                            "prediction": word, "policy_tokens": 7, "response_tokens": 9, "num_turns": 1,
+                            "turns": [{"text": f"<answer> {word} </answer>"}], "prediction": word, "policy_tokens": 7, "response_tokens": 9, "num_turns": 1,
                             "num_searches": 0, "num_invalid": 0})
         return out
 

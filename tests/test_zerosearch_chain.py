@@ -168,7 +168,8 @@ def test_zerosearch_chain_through_the_cli(chain_inputs, tiny_model_dir, tmp_path
     _ok(["eval", "--model", str(run / "final"), "--search", "bm25", "--index", str(index), "--datasets", str(qa),
          "--limit", "2", "--max-turns", "2", "--max-turn-tokens", TURN_TOKENS, "--device", "cpu",
          "--out", str(tmp_path / "eval")])
-    summary = read_artifact(tmp_path / "eval" / "qa" / "agent.summary.parquet", EVAL_SUMMARY).to_pylist()[0]
+    (found,) = (tmp_path / "eval").rglob("agent.summary.parquet")  # OUT/<dataset key: the QA file's path>/
+    summary = read_artifact(found, EVAL_SUMMARY).to_pylist()[0]
     assert summary["n"] == 2 and summary["avg_searches"] > 0
 
 
@@ -192,5 +193,6 @@ def test_zerosearch_recipe_script_runs(chain_inputs, tiny_model_dir, tmp_path):
     metrics = read_artifact(out / "train" / "metrics.parquet", METRICS).to_pylist()
     assert metrics[0]["noise_p"] == 0.0 and metrics[0]["val_em"] is not None
     assert read_metadata(out / "train" / "metrics.parquet")["config"]["preset"] == "zerosearch"
-    assert read_artifact(out / "eval" / "qa" / "agent.summary.parquet", EVAL_SUMMARY).to_pylist()[0]["n"] == 1
+    (found,) = (out / "eval").rglob("agent.summary.parquet")  # OUT/<dataset key: the QA file's path>/
+    assert read_artifact(found, EVAL_SUMMARY).to_pylist()[0]["n"] == 1
     assert (out / "train" / "curves.png").is_file()

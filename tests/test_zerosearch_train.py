@@ -42,7 +42,7 @@ def val_qa(tmp_path_factory) -> Path:
     (["--search", "http://127.0.0.1:9", "--noise-start", "0.1", "--noise-schedule", "fixed"],
      "--noise-start/--noise-schedule only applies to the simulated search"),
     (["--search", "sim:m?noise_end=0.75", "--noise-end", "0.5"], "--noise-end and --search …?noise_end= both set it"),
-    (["--search", "sim:m", "--noise-end", "1.5"], "noise p_end must be in [0, 1], not 1.5"),
+    (["--search", "sim:m", "--noise-end", "1.5"], "--noise-end must be >= 0 and <= 1, got 1.5"),
     (["--search", "sim:m", "--noise-schedule", "linear"], "unknown noise schedule 'linear'"),
     (["--search", "sim:m", "--topk", "6"], "--topk 6: the ZeroSearch simulator writes 5 documents"),
     (["--val-data", "v.jsonl", "--val-search", "sim:m"], "--val-search sim:m is the simulator"),

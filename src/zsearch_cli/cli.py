@@ -12,7 +12,7 @@ import typer
 
 from zsearch_cli import __version__, cli_drzero, cli_train
 from zsearch_cli import cli_options as opt
-from zsearch_cli.config import ConfigOption, resolved_options, stage
+from zsearch_cli.config import ConfigOption, OneLineErrors, resolved_options, stage
 
 app = typer.Typer(
     name="zsearch",
@@ -20,6 +20,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # Help texts are plain text: with rich markup on, "[whole batch]" or "[algo default 1e-6]"
+    # would be parsed as a style tag and silently vanish from --help.
+    rich_markup_mode=None,
+    cls=OneLineErrors,
 )
 
 
@@ -47,10 +51,13 @@ def index(
     out: Path = typer.Option(Path("runs/index"), "--out", "-o", help="Index directory to write."),
     kind: str = typer.Option("bm25", "--kind", help="Comma list of bm25, dense (hybrid = bm25,dense)."),
     bm25_backend: str = typer.Option("bm25s", help="bm25s (fast, default) or rank-bm25 (reference)."),
-    k1: float = typer.Option(1.2, help="BM25 term-frequency saturation."),
-    b: float = typer.Option(0.75, help="BM25 length normalisation."),
-    stemmer: str = typer.Option("english", help="Snowball stemmer language, or 'none'."),
-    stopwords: str = typer.Option("en", help="Stopword list: 'en' or 'none'."),
+    bm25_preset: str = typer.Option("zsearch", help="BM25 defaults: zsearch, or pyserini (Lucene's English "
+                                    "analyzer + BM25Similarity, k1 0.9, b 0.4: Search-R1/DSPO's retriever)."),
+    k1: Optional[float] = typer.Option(None, help="BM25 term-frequency saturation [1.2; pyserini 0.9]."),
+    b: Optional[float] = typer.Option(None, help="BM25 length normalisation [0.75; pyserini 0.4]."),
+    stemmer: Optional[str] = typer.Option(None, help="Snowball stemmer language, 'porter-lucene', or 'none' "
+                                          "[english; pyserini porter-lucene]."),
+    stopwords: Optional[str] = typer.Option(None, help="Stopword list: 'en' (Lucene's 33) or 'none' [en]."),
     encoder: str = typer.Option("minilm", help="Dense encoder: HF id or local path; 'minilm' is the bundled default."),
     faiss_type: str = typer.Option("Flat", help="faiss index: Flat, HNSW32, IVF{n},PQ{m} (e.g. IVF1024,PQ64)."),
     batch_size: int = typer.Option(128, help="Encoder batch size."),
@@ -64,6 +71,20 @@ def index(
     options = resolved_options(ctx)
     path = build_index(corpus, out, options=options)
     typer.echo(f"index written to {path}")
+
+
+@app.command()
+@stage
+def show(
+    file: Path = typer.Argument(..., help="A trajectory, rollout (train --save-rollouts) or eval examples Parquet file."),
+    ids: Optional[list[str]] = typer.Option(None, "--id", help="Only this trajectory id, or all samples of a question id (repeatable)."),
+    where: Optional[str] = typer.Option(None, help="Only correct (EM 1) or wrong (EM 0) ones."),
+    limit: int = typer.Option(3, help="Show at most this many."),
+) -> None:
+    """Print trajectories turn by turn: reasoning, queries, retrieved titles, answer, gold, reward."""
+    from zsearch_cli.stages.show import show as show_trajectories
+
+    show_trajectories(file, ids or (), where, limit)
 
 
 @app.command()
@@ -106,16 +127,17 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="Bind address; anything but loopback must be asked for explicitly."),
     port: int = typer.Option(8000, help="TCP port; 0 picks a free one (printed at start)."),
     method: str = typer.Option("auto", help="bm25, dense, hybrid, or auto."),
-    max_queries: int = typer.Option(512, help="Most queries one request may carry."),
+    max_queries: int = typer.Option(8192, help="Most queries one request may carry (Search-R1's GRPO sends 2560)."),
     max_topk: int = typer.Option(100, help="Largest topk a request may ask for."),
     cache_size: int = typer.Option(100_000, help="LRU cache entries keyed by (query, topk, index)."),
+    cache_mb: int = typer.Option(512, help="LRU cache memory bound in MiB (estimated; 0 turns the cache off)."),
     config: Optional[Path] = ConfigOption,
 ) -> None:
     """Serve an index over HTTP with Search-R1's /retrieve API."""
     from zsearch_cli.retrieval.server import run_server
 
     run_server(index_dir, host=host, port=port, method=method, max_queries=max_queries,
-               max_topk=max_topk, cache_size=cache_size)
+               max_topk=max_topk, cache_size=cache_size, cache_bytes=cache_mb << 20)
 
 
 # ----------------------------------------------------------------------------- eval
@@ -125,10 +147,12 @@ def serve(
 @stage
 def eval_(
     ctx: typer.Context,
-    datasets: str = typer.Option("demo", help="demo (bundled test split), all (the seven benchmarks), a comma list, or QA files."),
+    datasets: str = typer.Option("demo", help="demo (bundled test split), all (the seven benchmarks), a comma list, or QA "
+                                 "files. Keys: nq/test under --data-dir, else the file's path."),
     data_dir: Path = typer.Option(Path("data"), help="Benchmark files, FlashRAG layout: DATA_DIR/nq/test.jsonl."),
     download: bool = typer.Option(False, help="Fetch missing benchmark files from the FlashRAG hub dataset (network)."),
-    out: Path = typer.Option(Path("runs/eval"), "--out", "-o", help="Output directory."),
+    out: Path = typer.Option(Path("runs/eval"), "--out", "-o",
+                             help="Output directory: OUT/KEY/METHOD.*.parquet; a rerun reuses rows only under equal options."),
     model: str = typer.Option("smollm2", help="HF id, local path, checkpoint dir, or the smollm2 alias."),
     method: str = typer.Option("agent", help="direct, cot, rag or agent (multi-turn search)."),
     search: str = typer.Option("bm25", help="bm25, dense, hybrid, http://host:port or serpapi."),

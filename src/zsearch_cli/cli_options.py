@@ -8,6 +8,9 @@ many commands: ``device: str = opt.DEVICE``. Options whose default or help diffe
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import typer
 
 DEVICE = typer.Option("auto", help="auto, cpu or cuda.")
@@ -29,3 +32,77 @@ GRAD_ACCUM = typer.Option(1, help="Micro-batches per optimizer step.")
 MAX_STEPS = typer.Option(None, help="Optimizer steps (overrides --epochs).")
 PROTOCOL = typer.Option("tags", help="tags (Search-R1) or tool_call (Dr. Zero).")
 GRADIENT_CHECKPOINTING = typer.Option(False, help="Trade compute for memory (activations are recomputed in the backward).")
+
+
+# ----------------------------------------------------------------------------- numeric ranges
+
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric option accepts: ``lo``..``hi``, each end closed unless marked
+    open. ``None`` (an unset optional option) always passes; NaN and infinities never do."""
+
+    lo: float = -INF
+    hi: float = INF
+    lo_open: bool = False
+    hi_open: bool = False
+    why: str = ""
+    """Said after the range when the reason is not obvious (e.g. the difficulty reward's n - 1)."""
+
+    def contains(self, value: float) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):
+            return False
+        above = value > self.lo if self.lo_open else value >= self.lo
+        below = value < self.hi if self.hi_open else value <= self.hi
+        return above and below
+
+    def describe(self, why: bool = True) -> str:
+        lo_bound, hi_bound = self.lo != -INF, self.hi != INF
+        lo = f"{'>' if self.lo_open else '>='} {self.lo:g}"
+        hi = f"{'<' if self.hi_open else '<='} {self.hi:g}"
+        text = (f"{lo} and {hi}" if lo_bound and hi_bound else lo if lo_bound else hi if hi_bound
+                else "a finite number")
+        return f"{text} ({self.why})" if self.why and why else text
+
+
+AT_LEAST_0 = Range(0)
+AT_LEAST_1 = Range(1)
+POSITIVE = Range(0, lo_open=True)
+FRACTION = Range(0, 1)
+ANY = Range()
+
+RANGES: dict[str, Range] = {
+    # counts of things: at least one
+    **{name: AT_LEAST_1 for name in (
+        "batch_size", "micro_batch_size", "mini_batch_size", "solver_batch_size", "grad_accum", "ppo_epochs",
+        "steps", "max_steps", "iterations", "proposer_steps", "solver_steps", "questions_per_iteration",
+        "num_questions", "samples", "samples_per_question", "topk", "max_topk", "max_queries", "limit",
+        "val_limit", "eval_limit", "max_gen_batches", "keep_checkpoints", "max_turn_tokens", "max_obs_tokens",
+        "max_context_tokens", "proposer_context_tokens", "solver_context_tokens", "max_length", "max_new_tokens",
+        "concurrency", "lora_alpha", "group_size")},
+    # 0 means "off", "none" or "only at the end"
+    **{name: AT_LEAST_0 for name in (
+        "max_turns", "save_every", "val_every", "eval_every", "lora_r", "doc_words", "cache_size", "cache_mb", "retries",
+        "weight_decay", "max_grad_norm", "temperature", "beta", "k1")},
+    **{name: POSITIVE for name in ("lr", "critic_lr", "proposer_lr", "solver_lr", "epochs", "timeout",
+                                   "clip_eps", "clip_eps_high", "noise_base")},
+    **{name: FRACTION for name in ("b", "warmup_ratio", "min_lr_ratio", "noise_start", "noise_end")},
+    "clip_eps_low": Range(0, 1, lo_open=True, hi_open=True),
+    "eval_fraction": Range(0, 1, hi_open=True),
+    "top_p": Range(0, 1, lo_open=True),
+    "seed": Range(0, 2**32 - 1, why="numpy's seed range"),
+    "port": Range(0, 65535, why="0 picks a free port"),
+    "solver_samples": Range(2, why="the difficulty reward divides by n - 1"),
+    "format_bonus": ANY,
+    # per command, where one name means a different thing (COMMAND.name wins over name)
+    "solve.group_size": Range(2, why="GRPO's group baseline"),
+    "drzero.group_size": Range(2, why="GRPO's group baseline"),
+}
+"""Every int/float option of every command, by parameter name. A test checks that no
+numeric option is missing, so a new option must say here what it accepts."""
+
+
+def range_for(command: str, name: str) -> Range | None:
+    return RANGES.get(f"{command}.{name}", RANGES.get(name))

@@ -52,7 +52,7 @@ def train(
     lora_alpha: int = opt.LORA_ALPHA,
     lora_targets: str = opt.LORA_TARGETS,
     gradient_checkpointing: bool = opt.GRADIENT_CHECKPOINTING,
-    reward: str = typer.Option("em", help="em, f1 or subem."),
+    reward: Optional[str] = typer.Option(None, help="em, f1 or subem [algo default: ppo/grpo em, reinforce f1, dspo/gspo subem]."),
     format_bonus: float = typer.Option(0.0, help="Added when the response is well formed (0 = papers)."),
     search: str = typer.Option("bm25", help="bm25, dense, hybrid, http://host:port, serpapi, or the ZeroSearch "
                                "simulator: sim:MODEL[?opt=v&..] or sim+http://host:port/v1."),

@@ -3,9 +3,11 @@ llama.cpp, OpenAI): ``zsearch judge --judge-url`` and the simulated search engin
 (``--search sim+http://host:port/v1``) both use :class:`LLMClient`.
 
 Why our own and not the ``openai`` package: we need a handful of fields and three
-endpoints, and each call must be explicit: a timeout on every request, *bounded* retries
-(a dead endpoint must fail the stage with a clear error naming its URL, never hang it; the
-ZeroSearch anchor's simulator client retries forever), and bounded concurrency so a batch
+endpoints, and each call must be explicit: a total deadline on every request (``timeout``:
+connect, head and body together, so a server trickling bytes cannot stall a run; see
+:mod:`zsearch_cli.net`), *bounded* retries
+(a dead endpoint must fail the stage with a clear error naming its URL, never hang it;
+ZeroSearch's released simulator client retries forever), and bounded concurrency so a batch
 of prompts does not open hundreds of connections.
 
 Retried (with :func:`zsearch_cli.retry.with_retries`): connection errors, timeouts, HTTP 408,
@@ -26,6 +28,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import requests
 
+from zsearch_cli import net
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.retry import PermanentError, with_retries
 
@@ -104,11 +107,11 @@ class LLMClient:
         try:
             session = self._sessions.get_nowait()
         except queue.Empty:
-            session = requests.Session()
+            session = net.session()
             if self._api_key:
                 session.headers["Authorization"] = f"Bearer {self._api_key}"
         try:
-            resp = session.request(method, url, json=body, timeout=self.timeout)
+            resp = net.request(session, method, url, json=body, deadline=self.timeout)
         finally:
             self._sessions.put(session)
         if resp.status_code >= 500 or resp.status_code in _RETRYABLE_STATUS:

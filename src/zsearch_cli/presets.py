@@ -1,4 +1,4 @@
-"""``--preset NAME``: the papers' training settings (FORMULAS §6) as plain option dicts.
+"""``--preset NAME``: the papers' training settings (docs/methods.md §6) as plain option dicts.
 
 A preset only fills options the user did not set: a flag on the command line (or a key in
 ``--config FILE``) always wins. Keys are :class:`~zsearch_cli.train.config.TrainConfig` field

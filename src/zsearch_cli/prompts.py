@@ -1,8 +1,9 @@
 """Every prompt zsearch sends to a model, as constants plus small render functions.
 
-The templates are copied from FORMULAS.md §2 and the papers; reconstructions are marked
-where the extracted paper text lost layout. Render functions only substitute fields:
-they never reword, so a template change is always a visible diff in this file.
+The templates come from the papers and their authors' code (docs/methods.md §2);
+reconstructions are marked where the extracted paper text lost layout. Render functions
+only substitute fields: they never reword, so a template change is always a visible diff
+in this file.
 """
 
 from __future__ import annotations
@@ -11,13 +12,13 @@ import json
 from typing import Sequence
 
 # --------------------------------------------------------------------------------------
-# Search-R1 / ZeroSearch policy (FORMULAS §2, verbatim).
+# Search-R1 / ZeroSearch policy (docs/methods.md §2.1; Search-R1's code, verbatim).
 #
-# FORMULAS follows the Search-R1 *code* (scripts/data_process/nq_search.py), which differs
+# This is the Search-R1 *code*'s text (scripts/data_process/nq_search.py), which differs
 # from the paper's Table 1 in small ways: no comma after "</search>", "as many times as
 # your want" (sic), a comma before "without", and "<answer> Beijing </answer>" instead of
 # "<answer> xxx </answer>". ZeroSearch's Table 1 reads like Search-R1's paper table. The
-# anchor code also appends "\n" after {question}; FORMULAS shows none, and we follow it.
+# Search-R1 code also appends "\n" after {question}; we do not.
 # --------------------------------------------------------------------------------------
 SEARCH_R1_TEMPLATE = (
     "Answer the given question. You must conduct reasoning inside <think> and </think> "
@@ -29,7 +30,7 @@ SEARCH_R1_TEMPLATE = (
     "illustrations. For example, <answer> Beijing </answer>. Question: {question}"
 )
 
-# The observation for a turn with neither a search nor an answer (FORMULAS §2, verbatim,
+# The observation for a turn with neither a search nor an answer (docs/methods.md §2.2, verbatim,
 # including the leading and trailing newline).
 INVALID_ACTION_OBSERVATION = (
     "\nMy previous action is invalid. If I want to search, I should put the query between "
@@ -38,9 +39,9 @@ INVALID_ACTION_OBSERVATION = (
 )
 
 # --------------------------------------------------------------------------------------
-# ZeroSearch simulator prompt (Table 2; FORMULAS §2 verbatim). The paper's table omits the
-# quotes around the question; FORMULAS and the anchor code have them. The anchor code also
-# ends the prompt with "\n" after "Output:"; FORMULAS shows none, and we follow it.
+# ZeroSearch simulator prompt (Table 2; docs/methods.md §2.3). The paper's table omits the
+# quotes around the question; ZeroSearch's code has them, and so do we. The code also
+# ends the prompt with "\n" after "Output:"; we do not.
 # --------------------------------------------------------------------------------------
 SIMULATOR_TEMPLATE = (
     "You are the Google search engine.\n"
@@ -183,7 +184,7 @@ def render_simulator_prompt(quality: str, question: str, answer: str | Sequence[
     """ZeroSearch's Table 2 prompt for one simulated search call.
 
     ``question`` and ``answer`` must belong to the trajectory that issued ``query``
-    (FORMULAS §2 warns about the anchor mixing rows up). A list of gold answers is
+    (docs/methods.md §2.3: ZeroSearch's code mixes rows up). A list of gold answers is
     accepted; the prompt uses the first, as ZeroSearch does.
     """
     if quality not in SIMULATOR_QUALITIES:

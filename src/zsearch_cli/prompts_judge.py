@@ -4,7 +4,7 @@ What the judge decides (ZeroSearch §3.3): given one query an agent sent to a re
 engine and the documents that came back, do the documents contain enough information to
 answer the query? "yes" labels the query-documents pair ``useful``, "no" labels it
 ``noisy``; those labels pick the ``useful``/``noisy`` word of the simulator prompt
-(FORMULAS §2) when the simulation LLM is fine-tuned on the pairs.
+(docs/methods.md §2.3; ZeroSearch Table 2) when the simulation LLM is fine-tuned on the pairs.
 
 Choices that are ours (the paper publishes no judge prompt):
 

@@ -1,6 +1,6 @@
 """Bounded retries with exponential backoff, shared by every network client.
 
-Nothing in zsearch retries forever: the ZeroSearch anchor's simulator client does, and a
+Nothing in zsearch retries forever: ZeroSearch's released simulator client does, and a
 dead endpoint then hangs a training run silently.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import Callable, TypeVar
 
-from zsearch_cli.errors import ZsearchError
+from zsearch_cli.errors import ZsearchError, one_line
 
 T = TypeVar("T")
 
@@ -34,9 +34,9 @@ def with_retries(
         try:
             return call()
         except PermanentError as err:
-            raise ZsearchError(f"{what}: {err}") from None
+            raise ZsearchError(one_line(f"{what}: {err}")) from None
         except Exception as err:  # noqa: BLE001 - any transport failure is retried, boundedly
             last = err
             if attempt < retries:
                 sleep(backoff * (2**attempt))
-    raise ZsearchError(f"{what}: failed after {retries + 1} attempts ({type(last).__name__}: {last})")
+    raise ZsearchError(one_line(f"{what}: failed after {retries + 1} attempts ({type(last).__name__}: {last})"))

@@ -1,4 +1,4 @@
-"""Answer metrics and rewards (FORMULAS §1 and §5): pure functions of strings, no torch.
+"""Answer metrics and rewards (docs/methods.md §1 and §5): pure functions of strings, no torch.
 
 Gold answers may be one string or a list; every metric is the max over the golds. A gold
 that normalizes to the empty string is skipped, since it would otherwise match (or be a
@@ -7,12 +7,13 @@ substring of) every prediction and reward anything.
 
 from __future__ import annotations
 
+import json
 import re
 import string
 from collections import Counter
 from typing import Sequence
 
-from zsearch_cli.rollout.protocols import ToolCallProtocol, get_protocol, validate_search_call
+from zsearch_cli.rollout.protocols import get_protocol, validate_search_call
 
 Golds = str | Sequence[str]
 
@@ -31,7 +32,7 @@ PROPOSER_COMPONENT_MAX = 0.125  # each of Dr. Zero's four format components
 
 
 def normalize_answer(s: str) -> str:
-    """FORMULAS §1, in order: lowercase; drop string.punctuation; articles -> " ";
+    """docs/methods.md §1.1, in order: lowercase; drop string.punctuation; articles -> " ";
     collapse whitespace and strip."""
     s = s.lower()
     s = "".join(ch for ch in s if ch not in _PUNCT)
@@ -45,21 +46,48 @@ def _gold_list(golds: Golds) -> list[str]:
     return [g for g in (normalize_answer(x) for x in items) if g]
 
 
-def _model_text(response: str, protocol: str | None = None) -> str:
+Response = str | Sequence[str]
+"""What the extractors read: the model's own turns as the engine recorded them (a list:
+the inserted observations, whose spans only the engine knows, are already left out), or
+one response string that did not come from the engine (hand-written, external), which is
+then split at observation blocks by text."""
+
+
+def policy_turns(traj: dict) -> list[str]:
+    """The model's own turn texts of an engine trajectory (its ``turns`` log), never the
+    inserted observations. Why not ``response_text``: a text search for observation tags
+    cannot tell the engine's ``<information>`` from one the policy wrote itself, and an
+    unclosed one written by the policy would hide everything after it, answer included."""
+    turns = traj["turns"]
+    if isinstance(turns, str):
+        turns = json.loads(turns)
+    return [str(t["text"]) for t in turns]
+
+
+def _segments(response: Response, protocol: str | None = None) -> list[str]:
+    """The model's turns of ``response`` (see :data:`Response`)."""
+    if not isinstance(response, str):
+        return list(response)
+    names = [protocol] if protocol else ["tags", "tool_call"]
+    segments = [response]
+    for name in names:
+        segments = [part for seg in segments for part in get_protocol(name).assistant_segments(seg)]
+    return segments
+
+
+def _model_text(response: Response, protocol: str | None = None) -> str:
     """``response`` without inserted observations, so a retrieved passage that happens to
     contain ``<answer>`` can never be taken for the model's answer."""
-    names = [protocol] if protocol else ["tags", "tool_call"]
-    for name in names:
-        response = "\n".join(get_protocol(name).assistant_segments(response))
-    return response
+    return "\n".join(_segments(response, protocol))
 
 
-def extract_answer(response: str) -> str | None:
+def extract_answer(response: Response) -> str | None:
     """Content of the last ``<answer>…</answer>`` in the response, stripped; None without one.
 
     Pass the response only, never the prompt: the prompt's example ``<answer> Beijing
     </answer>`` would otherwise count (Search-R1 works around that with "take the last of
-    at least two tags"; we avoid it by construction).
+    at least two tags"; we avoid it by construction). For engine trajectories pass
+    :func:`policy_turns`.
     """
     found = _ANSWER.findall(_model_text(response))
     return found[-1].strip() if found else None
@@ -115,7 +143,7 @@ def _tags_balanced(segment: str, tags: Sequence[str]) -> bool:
     return open_tag is None
 
 
-def is_well_formed(response: str, protocol: str = "tags") -> bool:
+def is_well_formed(response: Response, protocol: str = "tags") -> bool:
     """zsearch's format rule (none of the papers defines one for the policy).
 
     With the response split into the model's turns at the inserted observations:
@@ -127,7 +155,7 @@ def is_well_formed(response: str, protocol: str = "tags") -> bool:
     """
     proto = get_protocol(protocol)
     action, tags = proto.action_tag, ("think", proto.action_tag, "answer")
-    turns = [_SPECIAL_TAIL.sub("", t).strip() for t in proto.assistant_segments(response)]
+    turns = [_SPECIAL_TAIL.sub("", t).strip() for t in _segments(response, protocol)]
     *searches, final = turns
     for turn in turns:
         if not (_tags_balanced(turn, tags) and turn.startswith("<think>")):
@@ -142,14 +170,14 @@ def is_well_formed(response: str, protocol: str = "tags") -> bool:
     return bool(_ANSWER.findall(final)[-1].strip())
 
 
-def format_reward(response: str, protocol: str = "tags", value: float = FORMAT_REWARD) -> float:
+def format_reward(response: Response, protocol: str = "tags", value: float = FORMAT_REWARD) -> float:
     """``value`` (default 0.1) when :func:`is_well_formed`, else 0. Added to the outcome
     reward only when a run asks for it; Search-R1 and ZeroSearch use none."""
     return value if is_well_formed(response, protocol) else 0.0
 
 
 def outcome_reward(
-    response: str, golds: Golds, metric: str = "em", protocol: str = "tags", format_bonus: float = 0.0
+    response: Response, golds: Golds, metric: str = "em", protocol: str = "tags", format_bonus: float = 0.0
 ) -> float:
     """The policy reward: em / f1 / subem of the extracted answer, plus ``format_bonus``
     times well-formedness (0 by default, as in the papers)."""
@@ -173,14 +201,7 @@ def difficulty_reward(k: int, n: int) -> float:
     return (n - k) / (n - 1) if 0 < k < n else 0.0
 
 
-def solver_pass_count(solver_responses: Sequence[str], answer: str) -> int:
-    """k: how many solver responses EM-match the proposed answer. A response without an
-    answer tag counts as wrong (FORMULAS §1); Dr. Zero's code scores the raw text instead."""
-    preds = (extract_answer(r) for r in solver_responses)
-    return sum(1 for p in preds if p is not None and em(p, [answer]))
-
-
-def extract_question_answer(response: str) -> tuple[str | None, str | None]:
+def extract_question_answer(response: Response) -> tuple[str | None, str | None]:
     """The proposer's last ``<question>`` and the last ``<answer>`` after it, stripped.
 
     None for a missing part; an answer that only precedes the question does not count.
@@ -201,7 +222,7 @@ def answer_in_question(answer: str, question: str) -> bool:
     (an answer that normalizes to nothing counts as contained).
 
     Dr. Zero's code tests a raw substring of the normalized strings, so "rome" would be
-    "in" "romeo"; whole words keep the gate to the verbatim leak FORMULAS describes.
+    "in" "romeo"; whole words keep the gate to verbatim leaks (docs/methods.md §5.2).
     """
     a, q = normalize_answer(answer).split(), normalize_answer(question).split()
     return not a or any(q[i : i + len(a)] == a for i in range(len(q) - len(a) + 1))
@@ -211,8 +232,8 @@ def _tool_score(valid: int, invalid_calls: int, hops: int) -> float:
     """Fraction of the tool component: exact hops−1 valid searches score 1.
 
     Following Dr. Zero's code: any invalid call scores 0; for hops>1 no search scores 0,
-    and too few score (1+valid)/hops. Too many is ours: FORMULAS and the paper say
-    "exactly n−1", while the code gives full marks; we score hops/(1+valid).
+    and too few score (1+valid)/hops. Too many is ours (docs/methods.md §5.2): the paper
+    says "exactly n−1", while the code gives full marks; we score hops/(1+valid).
     """
     if invalid_calls:
         return 0.0
@@ -223,8 +244,8 @@ def _tool_score(valid: int, invalid_calls: int, hops: int) -> float:
     return min(1 + valid, hops) / max(1 + valid, hops)
 
 
-def proposer_format_reward(response: str, hops: int) -> dict[str, float | bool | int]:
-    """Dr. Zero's format reward r_f (Appendix A; FORMULAS §5): four components, each in
+def proposer_format_reward(response: Response, hops: int) -> dict[str, float | bool | int]:
+    """Dr. Zero's format reward r_f (Appendix A; docs/methods.md §5.2): four components, each in
     [0, 0.125], and the integrity gate.
 
     ``response`` is the proposer's whole trajectory (its turns plus inserted
@@ -234,7 +255,7 @@ def proposer_format_reward(response: str, hops: int) -> dict[str, float | bool |
     - tool: 0.125 × :func:`_tool_score` of the complete ``<tool_call>`` blocks, a call
       being valid when named 'search' with a non-empty list of query strings;
     - question / answer: 0.125 each when a non-empty ``<question>`` / ``<answer>`` can be
-      extracted. (The paper and FORMULAS say "extractable". Dr. Zero's code instead always
+      extracted. (The paper says "extractable". Dr. Zero's code instead always
       grants the question part once the gate passes, and grants the answer part only when
       the answer occurs in the source document or the tool responses and is ≤5 words,
       half for ≤10; that needs the document, which this reward does not see.)
@@ -245,7 +266,7 @@ def proposer_format_reward(response: str, hops: int) -> dict[str, float | bool |
     """
     if not isinstance(hops, int) or hops < 1:
         raise ValueError(f"hops must be a positive integer, not {hops!r}")
-    turns = [t for t in ToolCallProtocol().assistant_segments(response) if t.strip()]
+    turns = [t for t in _segments(response, "tool_call") if t.strip()]
     think = sum(1 for t in turns if re.match(r"\s*<think>.*?</think>", t, re.DOTALL))
     valid = invalid_calls = 0
     for payload in re.findall(r"<tool_call>(.*?)</tool_call>", "".join(turns), re.DOTALL):

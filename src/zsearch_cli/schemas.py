@@ -12,7 +12,6 @@ from __future__ import annotations
 import gzip
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -23,10 +22,12 @@ import pyarrow.parquet as pq
 
 from zsearch_cli import __version__
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.files import mkstemp_like_open
 
 META_VERSION = b"zsearch.version"
 META_ARTIFACT = b"zsearch.artifact"
 META_CONFIG = b"zsearch.config"
+META_PROTOCOL = b"zsearch.protocol"
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,37 @@ EVAL_EXAMPLE = Artifact(
     unique="id",
 )
 
+PROTOCOL_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
+    # The protocol behind a number (zsearch_cli/protocol.py builds it; the names must match
+    # protocol.PROTOCOL_FIELDS): on every EVAL_SUMMARY row and every METRICS row.
+    ("model", _str),                # --model as given
+    ("model_revision", _str),       # hub commit, or sha256s:… of a local folder's weights
+    ("adapter", _str),              # LoRA adapter (eval: its folder@fingerprint; train: lora r=…)
+    ("corpus_fingerprint", _str),
+    ("corpus_size", pa.int64()),
+    ("retriever", _str),            # bm25 | dense | hybrid | http:URL | serpapi | sim:… | none
+    ("bm25_k1", pa.float64()),
+    ("bm25_b", pa.float64()),
+    ("bm25_analyzer", _str),
+    ("encoder", _str),
+    ("topk", pa.int32()),
+    ("max_turns", pa.int32()),
+    ("max_turn_tokens", pa.int32()),
+    ("max_obs_tokens", pa.int32()),
+    ("prompt", _str),               # protocol/method:hash of the prompt text
+    ("metric_version", _str),
+    ("decoding", _str),             # greedy | sampling
+    ("temperature", pa.float64()),
+    ("top_p", pa.float64()),
+    ("seed", pa.int64()),
+    ("dataset", _str),              # the dataset key
+    ("dataset_fingerprint", _str),  # sha256 of the QA file(s)
+    ("split", _str),
+    ("limit", pa.int64()),          # --limit; null = the full set
+    ("full_set", pa.bool_()),
+)
+_PROTOCOL_NAMES = frozenset(name for name, _ in PROTOCOL_COLUMNS)
+
 EVAL_SUMMARY = Artifact(
     "eval_summary",
     pa.schema([
@@ -125,6 +157,7 @@ EVAL_SUMMARY = Artifact(
         ("method", _str),
         ("model", _str),
         ("n", pa.int32()),
+        ("missing", pa.int32()),     # --predictions: questions without a prediction (scored 0)
         ("em", pa.float64()),
         ("f1", pa.float64()),
         ("subem", pa.float64()),
@@ -132,7 +165,9 @@ EVAL_SUMMARY = Artifact(
         ("avg_searches", pa.float64()),
         ("avg_turns", pa.float64()),
         ("avg_tokens", pa.float64()),
+        *[c for c in PROTOCOL_COLUMNS if c[0] not in ("dataset", "model")],
     ]),
+    optional=_PROTOCOL_NAMES | {"missing"},  # summaries written before the protocol existed
 )
 
 PREDICTIONS = Artifact(
@@ -166,6 +201,9 @@ METRIC_COLUMNS: tuple[str, ...] = (
     "grad_norm", "vf_loss", "vf_clipfrac", "critic_grad_norm", "lr", "critic_lr", "samples",
     "kept_groups", "kept_frac", "gen_batches", "tokens_wasted", "noise_p", "logp_mismatch",
     "time_rollout", "time_reward", "time_update", "time_step",
+    # --backend vllm: seconds spent pushing the weights into the engine (inside time_update),
+    # and max |engine - policy| logprob on a fixed probe right after that sync.
+    "time_sync", "sync_mismatch",
     # Dr. Zero proposer runs (HRPO): mean difficulty I(0<k<n)(n-k)/(n-1) and format reward over
     # the step's proposals, mean solver k over the questions that pass the gate, how many pass,
     # and how many proposals of each hop count the step drew.
@@ -177,9 +215,9 @@ METRIC_COLUMNS: tuple[str, ...] = (
 
 METRICS = Artifact(
     "metrics",
-    pa.schema([("step", pa.int32()), *[(c, _f64) for c in METRIC_COLUMNS]]),
+    pa.schema([("step", pa.int32()), *[(c, _f64) for c in METRIC_COLUMNS], *PROTOCOL_COLUMNS]),
     unique="step",
-    optional=frozenset(METRIC_COLUMNS),
+    optional=frozenset(METRIC_COLUMNS) | _PROTOCOL_NAMES,
 )
 
 PROPOSED_QA = Artifact(
@@ -284,10 +322,34 @@ def _type_ok(actual: pa.DataType, expected: pa.DataType) -> bool:
 
 def _describe(t: pa.DataType) -> str:
     if pa.types.is_list(t) or pa.types.is_large_list(t):
-        return f"a list of {_describe(t.value_type)}"
+        inner = t.value_type
+        return "a list of strings" if pa.types.is_string(inner) or pa.types.is_large_string(inner) \
+            else f"a list of {inner}"
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         return "a string"
     return str(t)
+
+
+def _fits(value: Any, expected: pa.DataType) -> bool:
+    """Whether a python value (not None) belongs in a column of type ``expected``."""
+    if pa.types.is_list(expected) or pa.types.is_large_list(expected):
+        return isinstance(value, list) and all(v is None or _fits(v, expected.value_type) for v in value)
+    if pa.types.is_string(expected) or pa.types.is_large_string(expected):
+        return isinstance(value, str)
+    if pa.types.is_boolean(expected):
+        return isinstance(value, bool)
+    if pa.types.is_integer(expected):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if pa.types.is_floating(expected):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return True
+
+
+def _got(value: Any) -> str:
+    if isinstance(value, list):
+        odd = next((v for v in value if v is not None and not isinstance(v, str)), None)
+        return f"a list holding {type(odd).__name__} {odd!r:.40}" if odd is not None else "a list"
+    return type(value).__name__
 
 
 def validate(table: pa.Table, artifact: Artifact, source: str | os.PathLike) -> pa.Table:
@@ -309,14 +371,17 @@ def validate(table: pa.Table, artifact: Artifact, source: str | os.PathLike) -> 
         col = table.column(fld.name)
         if not _type_ok(col.type, fld.type):
             bad_row = _first_bad_type_row(col, fld.type)
-            where = f" (row {bad_row})" if bad_row is not None else ""
+            where = f"row {bad_row}: " if bad_row is not None else ""
             raise ZsearchError(
-                f"{src}: column '{fld.name}' must be {_describe(fld.type)}, got {_describe(col.type)}{where}"
+                f"{src}: {where}column '{fld.name}' must be {_describe(fld.type)}, got {_describe(col.type)}"
             )
         try:
             cols.append(col.cast(fld.type))
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as err:
-            raise ZsearchError(f"{src}: column '{fld.name}' cannot be read as {_describe(fld.type)}: {err}") from None
+            bad_row = _first_uncastable_row(col, fld.type)
+            where = f"row {bad_row}: " if bad_row is not None else ""
+            raise ZsearchError(f"{src}: {where}column '{fld.name}' cannot be read as {_describe(fld.type)}: {err}") \
+                from None
     out = pa.Table.from_arrays(cols, schema=artifact.schema)
     for name in artifact.nonempty + ((artifact.unique,) if artifact.unique else ()):
         col = out.column(name)
@@ -327,6 +392,13 @@ def validate(table: pa.Table, artifact: Artifact, source: str | os.PathLike) -> 
             empty = pc.equal(pc.utf8_length(pc.utf8_trim_whitespace(col)), 0)
             if pc.any(empty).as_py():
                 raise ZsearchError(f"{src}: row {_first_true(empty)}: column '{name}' is empty")
+    for fld in artifact.schema:  # a null answer, doc id or document inside a list is never meant
+        if pa.types.is_list(fld.type) and pa.types.is_string(fld.type.value_type):
+            col = out.column(fld.name).combine_chunks()
+            inner_nulls = pc.is_null(pc.list_flatten(col))
+            if pc.any(inner_nulls).as_py():
+                row = pc.list_parent_indices(col)[_first_true(inner_nulls)].as_py()
+                raise ZsearchError(f"{src}: row {row}: column '{fld.name}' holds a null (a list of strings may not)")
     if artifact.unique:
         _check_unique(out.column(artifact.unique), artifact.unique, src)
     return out
@@ -337,14 +409,26 @@ def _first_true(mask: pa.ChunkedArray | pa.Array) -> int:
 
 
 def _first_bad_type_row(col: pa.ChunkedArray, expected: pa.DataType) -> int | None:
-    # Mixed JSON types are read as strings/structs by the jsonl loader; find the first row
-    # whose python value does not fit so the message can point at it.
+    """The first row whose python value does not fit ``expected`` (only on the error path:
+    the message must point at a row)."""
     for i, value in enumerate(col.to_pylist()):
-        if value is None:
-            continue
-        if pa.types.is_list(expected) and not isinstance(value, list):
+        if value is not None and not _fits(value, expected):
             return i
-        if pa.types.is_string(expected) and not isinstance(value, str):
+    return None
+
+
+def _converts(value: Any, expected: pa.DataType) -> bool:
+    try:
+        pa.array([value], type=expected)
+        return True
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, OverflowError):
+        return False
+
+
+def _first_uncastable_row(col: pa.ChunkedArray, expected: pa.DataType) -> int | None:
+    """The first row whose value the cast to ``expected`` fails on (e.g. out of int32 range)."""
+    for i, value in enumerate(col.to_pylist()):
+        if value is not None and not _converts(value, expected):
             return i
     return None
 
@@ -415,20 +499,17 @@ def rows_to_table(rows: list[dict[str, Any]], artifact: Artifact, source: Path) 
             v = row.get(fld.name)
             if fld.name == "metadata" and v is not None and not isinstance(v, str):
                 v = json.dumps(v, ensure_ascii=False, sort_keys=True)
-            if v is not None:
-                if pa.types.is_list(fld.type) and not isinstance(v, list):
-                    raise ZsearchError(
-                        f"{source}: row {i}: column '{fld.name}' must be {_describe(fld.type)}, got {type(v).__name__}"
-                    )
-                if pa.types.is_string(fld.type) and not isinstance(v, str):
-                    raise ZsearchError(f"{source}: row {i}: column '{fld.name}' must be a string, got {type(v).__name__}")
+            if v is not None and not _fits(v, fld.type):
+                raise ZsearchError(f"{source}: row {i}: column '{fld.name}' must be {_describe(fld.type)}, got {_got(v)}")
             values.append(v)
         if all(v is None for v in values) and fld.name not in artifact.optional and fld.name not in rows[0]:
             raise ZsearchError(f"{source}: missing column '{fld.name}' (a {artifact.name} table needs it)")
         try:
             data[fld.name] = pa.array(values, type=fld.type)
         except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
-            raise ZsearchError(f"{source}: column '{fld.name}' has a value of the wrong type ({err})") from None
+            row = next((i for i, v in enumerate(values) if not _converts(v, fld.type)), None)
+            where = f"row {row}: " if row is not None else ""
+            raise ZsearchError(f"{source}: {where}column '{fld.name}' has a value of the wrong type ({err})") from None
     return pa.table(data, schema=artifact.schema)
 
 
@@ -455,35 +536,43 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
         out["artifact"] = meta[META_ARTIFACT].decode()
     if META_CONFIG in meta:
         out["config"] = json.loads(meta[META_CONFIG])
+    if META_PROTOCOL in meta:
+        out["protocol"] = json.loads(meta[META_PROTOCOL])
     return out
 
 
 # ----------------------------------------------------------------------------- writing
 
 
-def _metadata(artifact: Artifact, config: dict[str, Any] | None) -> dict[bytes, bytes]:
-    return {
+def _metadata(artifact: Artifact, config: dict[str, Any] | None,
+              protocol: dict[str, Any] | None = None) -> dict[bytes, bytes]:
+    meta = {
         META_VERSION: __version__.encode(),
         META_ARTIFACT: artifact.name.encode(),
         META_CONFIG: json.dumps(config or {}, default=str, sort_keys=True).encode(),
     }
+    if protocol is not None:  # see zsearch_cli/protocol.py
+        meta[META_PROTOCOL] = json.dumps(protocol, default=str, sort_keys=True).encode()
+    return meta
 
 
 class ArtifactWriter:
     """Stream record batches into ``path`` atomically: a temp file in the same directory,
     renamed over ``path`` only when the ``with`` block exits cleanly."""
 
-    def __init__(self, path: str | os.PathLike, artifact: Artifact, config: dict[str, Any] | None = None):
+    def __init__(self, path: str | os.PathLike, artifact: Artifact, config: dict[str, Any] | None = None,
+                 protocol: dict[str, Any] | None = None):
         self.path = Path(path)
         self.artifact = artifact
-        self.schema = artifact.schema.with_metadata(_metadata(artifact, config))
+        self.schema = artifact.schema.with_metadata(_metadata(artifact, config, protocol))
         self.rows = 0
         self._tmp: str | None = None
         self._writer: pq.ParquetWriter | None = None
 
     def __enter__(self) -> "ArtifactWriter":
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, self._tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        # mode as open() would give it (mkstemp's 0600 would survive the rename)
+        fd, self._tmp = mkstemp_like_open(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
         os.close(fd)
         self._writer = pq.ParquetWriter(self._tmp, self.schema, compression="zstd")
         return self
@@ -513,8 +602,10 @@ def write_artifact(
     path: str | os.PathLike,
     artifact: Artifact,
     config: dict[str, Any] | None = None,
+    protocol: dict[str, Any] | None = None,
 ) -> Path:
-    """Write a whole table atomically with zsearch metadata; returns the path."""
-    with ArtifactWriter(path, artifact, config) as writer:
+    """Write a whole table atomically with zsearch metadata (and the protocol of the numbers
+    in it, when given); returns the path."""
+    with ArtifactWriter(path, artifact, config, protocol) as writer:
         writer.write(table)
     return Path(path)

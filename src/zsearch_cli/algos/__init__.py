@@ -1,4 +1,4 @@
-"""Policy-gradient objectives (FORMULAS §4): pure functions on tensors, no models, no I/O.
+"""Policy-gradient objectives (docs/methods.md §4): pure functions on tensors, no models, no I/O.
 
 ``--algo NAME`` maps through the plain dict :data:`ALGOS` to an :class:`AlgoSpec`. One trainer
 loop drives every entry the same way::
@@ -47,7 +47,7 @@ policy tokens — of sequences for sequence-level algos — where the clipped br
 ``ratio_mean``, ``ratio_max`` (of ρ_t; of s_i for sequence-level algos, which add
 ``token_ratio_mean``/``token_ratio_max``), ``kl_ref`` (mean k3 D_t, when ``ref_logp`` is given),
 ``entropy`` (when ``entropy`` is given); PPO's value loss adds ``vf_loss``, ``vf_clipfrac``,
-``vpred_mean``. :func:`dspo.filter_stats` gives the filter's log line.
+``vpred_mean``.
 
 Entries: ``reinforce``, ``ppo``, ``grpo``, ``gspo``, ``dspo``, and DSPO's Table 1 ablations
 ``dspo-nofilter`` ("w/o dynamic filter", = GSPO) and ``dspo-token`` ("w/o sequence-level opt.",
@@ -64,18 +64,15 @@ from zsearch_cli.algos.common import entropy_from_logits
 from zsearch_cli.algos.dspo import (
     DSPOConfig,
     DSPOTokenConfig,
-    dspo_advantages,
-    dspo_policy_loss,
     filter_mixed_groups,
-    filter_stats,
     first_groups,
     need_more,
 )
 from zsearch_cli.algos.grpo import GRPOConfig, grpo_advantages, grpo_policy_loss
-from zsearch_cli.algos.gspo import GSPOConfig, gspo_advantages, gspo_policy_loss
+from zsearch_cli.algos.gspo import GSPOConfig, gspo_policy_loss
 from zsearch_cli.algos.hrpo import HRPOConfig, hrpo_advantages, hrpo_policy_loss
 from zsearch_cli.algos.ppo import PPOConfig, ppo_advantages, ppo_policy_loss, ppo_value_loss
-from zsearch_cli.algos.reinforce import ReinforceConfig, reinforce_advantages, reinforce_policy_loss
+from zsearch_cli.algos.reinforce import ReinforceConfig, reinforce_advantages
 
 
 @dataclass(frozen=True)
@@ -107,6 +104,10 @@ class AlgoSpec:
     """What ``group_ids`` must hold: a per-prompt unique string, the hop count, or nothing used."""
     on_policy: bool = False
     """Exactly one gradient update per rollout batch (HRPO: no ratio, no clipping)."""
+    reward: str = "em"
+    """The outcome metric of the paper that runs this algorithm, used when the user sets no
+    ``--reward``: EM for Search-R1's PPO/GRPO, F1 for ZeroSearch's REINFORCE, subEM for DSPO
+    and the GSPO/DAPO variants it is compared with (DSPO Table 1)."""
 
     def needs_reference(self, cfg: Any = None) -> bool:
         """A frozen reference's ``ref_logp`` is needed: β > 0 (for ``cfg``, else the defaults)."""
@@ -117,7 +118,7 @@ class AlgoSpec:
 ALGOS: dict[str, AlgoSpec] = {
     "reinforce": AlgoSpec(
         name="reinforce", config_cls=ReinforceConfig,
-        policy_loss=reinforce_policy_loss, advantages=reinforce_advantages,
+        policy_loss=grpo_policy_loss, advantages=reinforce_advantages, reward="f1",  # GRPO's clipped loss
     ),
     "ppo": AlgoSpec(
         name="ppo", config_cls=PPOConfig,
@@ -131,26 +132,26 @@ ALGOS: dict[str, AlgoSpec] = {
     ),
     "gspo": AlgoSpec(
         name="gspo", config_cls=GSPOConfig,
-        policy_loss=gspo_policy_loss, advantages=gspo_advantages,
-        sequence_level=True, group_size_min=2,
+        policy_loss=gspo_policy_loss, advantages=grpo_advantages,  # GRPO's group z-score (DSPO eq. 10)
+        sequence_level=True, group_size_min=2, reward="subem",
     ),
     "dspo": AlgoSpec(
         name="dspo", config_cls=DSPOConfig,
-        policy_loss=dspo_policy_loss, advantages=dspo_advantages,
-        sequence_level=True, filter_groups=True, group_size_min=2,
+        policy_loss=gspo_policy_loss, advantages=grpo_advantages,  # DSPO eq. 11 = GSPO loss, eq. 10 = GRPO z-score
+        sequence_level=True, filter_groups=True, group_size_min=2, reward="subem",
     ),
     # DSPO Table 1 "w/o dyn. filter" (text: "DSPO w/o dynamic filter, which is equivalent to GSPO").
     "dspo-nofilter": AlgoSpec(
         name="dspo-nofilter", config_cls=GSPOConfig,
-        policy_loss=gspo_policy_loss, advantages=gspo_advantages,
-        sequence_level=True, group_size_min=2,
+        policy_loss=gspo_policy_loss, advantages=grpo_advantages,
+        sequence_level=True, group_size_min=2, reward="subem",
     ),
     # DSPO Table 1 "w/o seq-lvl opt." (text: "DSPO w/o sequence-level opt., which reverts to a
     # strong token-level policy, DAPO"): token ratio + the filter.
     "dspo-token": AlgoSpec(
         name="dspo-token", config_cls=DSPOTokenConfig,
         policy_loss=grpo_policy_loss, advantages=grpo_advantages,
-        filter_groups=True, group_size_min=2,
+        filter_groups=True, group_size_min=2, reward="subem",
     ),
     "hrpo": AlgoSpec(
         name="hrpo", config_cls=HRPOConfig,
@@ -171,7 +172,6 @@ __all__ = [
     "ReinforceConfig",
     "entropy_from_logits",
     "filter_mixed_groups",
-    "filter_stats",
     "first_groups",
     "need_more",
 ]

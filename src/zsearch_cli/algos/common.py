@@ -1,4 +1,4 @@
-"""Pieces shared by every objective (FORMULAS §4), written once.
+"""Pieces shared by every objective (docs/methods.md §4), written once.
 
 Conventions, used by every file in ``algos/``:
 
@@ -82,7 +82,7 @@ def expand_advantages(advantages: Tensor, like: Tensor) -> Tensor:
 def token_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
     """log ρ_t = logp_θ − logp_old on policy tokens, 0 elsewhere. [B, T] -> [B, T].
 
-    ρ_t = exp(log ρ_t) = π_θ(y_t|·)/π_old(y_t|·) (FORMULAS §4, "Token ratio"). No clamp: the
+    ρ_t = exp(log ρ_t) = π_θ(y_t|·)/π_old(y_t|·) (docs/methods.md §4.1). No clamp: the
     equations are implemented as written.
     """
     diff = logp.float() - old_logp.float().detach()
@@ -101,7 +101,7 @@ def clipped_surrogate(ratio: Tensor, adv: Tensor, eps_low: float, eps_high: floa
 
 
 def k3_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
-    """k3 estimator of KL(π_θ || π_ref) per token (FORMULAS §4, GRPO):
+    """k3 estimator of KL(π_θ || π_ref) per token (docs/methods.md §4.1; Search-R1 eq. 3):
 
         D_t = e^{(logp_ref − logp_θ)} − (logp_ref − logp_θ) − 1,
 
@@ -110,6 +110,20 @@ def k3_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
     diff = ref_logp.float().detach() - logp.float()
     diff = torch.where(bool_mask(mask), diff, torch.zeros_like(diff))
     return torch.exp(diff) - diff - 1.0
+
+
+def add_kl_penalty(pg_loss: Tensor, logp: Tensor, ref_logp: Tensor | None, mask: Tensor, beta: float) -> Tensor:
+    """pg_loss + β·(1/N) Σ_i (1/Σ_t I_{i,t}) Σ_t I_{i,t} D_t, the k3 KL term of the GRPO loss
+    (Search-R1 eq. 3; docs/methods.md §4.1); with β = 0, ``pg_loss`` itself (no reference needed).
+
+    The KL enters inside the same per-sequence token mean as the surrogate (GRPO, GSPO with
+    β > 0, HRPO with β > 0); splitting the sum is exact. logp, ref_logp, mask: [B, T].
+    """
+    if beta <= 0:
+        return pg_loss
+    if ref_logp is None:
+        raise ValueError(f"beta={beta} > 0 needs ref_logp")
+    return pg_loss + beta * seq_mean_token_mean(k3_kl(logp, ref_logp, mask), mask)
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:
@@ -161,7 +175,7 @@ def group_normalize(
 
     - ``"no_baseline"``: mean := 0, std := 1, i.e. A = r/(1+δ) (A = r without scaling). This
       is verl's convention and makes GRPO with G = 1 exactly REINFORCE (Search-R1 App. H).
-    - ``"zero"``: A = 0 (HRPO, FORMULAS §4).
+    - ``"zero"``: A = 0 (HRPO, docs/methods.md §4.7; Dr. Zero eq. 3).
     """
     r = rewards.detach().to(torch.float32).reshape(-1)
     mean, var, count = group_moments(r, group_ids)

@@ -1,4 +1,4 @@
-"""DSPO = the GSPO loss + dynamic outcome filtering (DSPO eq. 9–11; FORMULAS §4 "DSPO").
+"""DSPO = the GSPO loss + dynamic outcome filtering (DSPO eq. 9–11; docs/methods.md §4.6).
 
 Filter (eq. 9): a prompt group is kept only when its rewards are not all equal; for the binary
 subEM reward that is 0 < Σ_i 1[r_i = 1] < G. Sampling continues, one generation batch at a
@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from zsearch_cli.algos.common import GroupIds, bool_mask, group_index
-from zsearch_cli.algos.grpo import GRPOConfig, grpo_advantages
-from zsearch_cli.algos.gspo import GSPOConfig, gspo_policy_loss
+from zsearch_cli.algos.common import GroupIds, group_index
+from zsearch_cli.algos.grpo import GRPOConfig
+from zsearch_cli.algos.gspo import GSPOConfig
 
 
 @dataclass(frozen=True)
@@ -62,13 +62,6 @@ class DSPOTokenConfig(FilterConfig, GRPOConfig):
     """β of the k3 KL term; 0, as DSPO (and DAPO) train without a reference."""
 
 
-dspo_advantages = grpo_advantages
-"""DSPO eq. 10 is GRPO's group z-score: see :func:`grpo.grpo_advantages`."""
-
-dspo_policy_loss = gspo_policy_loss
-"""DSPO eq. 11 is the GSPO loss: see :func:`gspo.gspo_policy_loss`."""
-
-
 def filter_mixed_groups(rewards: Tensor, group_ids: GroupIds) -> Tensor:
     """DSPO eq. 9: keep [N] bool, True for samples whose group's rewards are not all equal
     (max_g r > min_g r; exact comparison). A singleton group is never mixed, so dropped."""
@@ -97,24 +90,3 @@ def first_groups(group_ids: GroupIds, n_groups: int) -> Tensor:
     idx, _ = group_index(group_ids)
     return idx < n_groups
 
-
-def filter_stats(keep: Tensor, group_ids: GroupIds, num_tokens: Tensor | None = None) -> dict[str, Tensor]:
-    """What the filter did to one generation batch, for the log:
-
-    ``kept_groups``, ``total_groups``, ``kept_frac`` (= kept/total groups), ``kept_samples``,
-    and, with ``num_tokens`` [N] (tokens generated per sample), ``tokens_wasted`` = tokens of
-    the dropped samples.
-    """
-    keep = bool_mask(keep).reshape(-1)
-    idx, k = group_index(group_ids, keep.device)
-    kept_per_group = torch.zeros(k, device=keep.device).index_add_(0, idx, keep.float())
-    kept = (kept_per_group > 0).sum().float()
-    stats = {
-        "kept_groups": kept,
-        "total_groups": torch.tensor(float(k)),
-        "kept_frac": kept / max(k, 1),
-        "kept_samples": keep.sum().float(),
-    }
-    if num_tokens is not None:
-        stats["tokens_wasted"] = num_tokens.float().reshape(-1)[~keep].sum()
-    return stats

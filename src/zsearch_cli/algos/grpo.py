@@ -1,4 +1,4 @@
-"""GRPO (Search-R1 eq. 3; FORMULAS §4 "GRPO").
+"""GRPO (Search-R1 eq. 3; docs/methods.md §4.3).
 
 Advantage, over the G responses to one prompt:
 
@@ -14,7 +14,7 @@ masked token mean. ε = 0.2, β = 0.001.
 std convention: **unbiased** (n−1), as ``torch.std`` in verl's GRPO advantage that Search-R1
 ran. A prompt group of size 1 has no baseline: mean := 0 and std := 1 (verl's convention), so
 A = r/(1+δ), or exactly r with ``scale_std=False``; this is why "GRPO with G = 1 reduces to
-REINFORCE" (Search-R1 App. H, FORMULAS §4; see tests). ``scale_std=False`` gives Dr. GRPO's
+REINFORCE" (Search-R1 App. H; docs/methods.md §4.3). ``scale_std=False`` gives Dr. GRPO's
 A_i = r_i − mean_g r.
 
 The group id must be unique per prompt (a string such as the prompt's uid), never an index
@@ -29,11 +29,11 @@ from torch import Tensor
 
 from zsearch_cli.algos.common import (
     GroupIds,
+    add_kl_penalty,
     clipped_surrogate,
     detach_stats,
     expand_advantages,
     group_normalize,
-    k3_kl,
     policy_stats,
     seq_mean_token_mean,
     token_log_ratio,
@@ -42,7 +42,7 @@ from zsearch_cli.algos.common import (
 
 @dataclass(frozen=True)
 class GRPOConfig:
-    """GRPO hyper-parameters; defaults from Search-R1 (FORMULAS §6)."""
+    """GRPO hyper-parameters; defaults from Search-R1 App. B.2 (docs/methods.md §6)."""
 
     lr: float = 1e-6
     """Policy learning rate (Search-R1: 1e-6)."""
@@ -87,12 +87,7 @@ def grpo_policy_loss(
     adv = expand_advantages(advantages, log_ratio)  # [B, T]
     pg, clipped = clipped_surrogate(log_ratio.exp(), adv, cfg.clip_eps_low, cfg.clip_eps_high)  # [B, T]
     pg_loss = seq_mean_token_mean(pg, mask)
-    loss = pg_loss
-    if cfg.beta > 0:
-        if ref_logp is None:
-            raise ValueError(f"beta={cfg.beta} > 0 needs ref_logp")
-        kl_loss = seq_mean_token_mean(k3_kl(logp, ref_logp, mask), mask)
-        loss = pg_loss + cfg.beta * kl_loss
+    loss = add_kl_penalty(pg_loss, logp, ref_logp, mask, cfg.beta)
     stats = policy_stats(log_ratio, clipped, mask, logp=logp, ref_logp=ref_logp, entropy=entropy)
     stats.update(loss=loss, pg_loss=pg_loss)
     return loss, detach_stats(stats)

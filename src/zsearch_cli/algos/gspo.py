@@ -1,4 +1,4 @@
-"""GSPO: the sequence-level ratio used by DSPO (DSPO eq. 6; FORMULAS §4 "GSPO sequence ratio").
+"""GSPO: the sequence-level ratio used by DSPO (DSPO eq. 6; docs/methods.md §4.5).
 
     s_i = exp( (1/|y_i|) Σ_t I_{i,t} (logp_θ(y_t) − logp_old(y_t)) ),      |y_i| = Σ_t I_{i,t}
 
@@ -12,8 +12,8 @@ form (sg = ``.detach()``):
 so s_{i,t} has the value s_i and ∇ s_{i,t} = s_i ∇logp_θ(y_t). The loss averages the
 per-token surrogate over each sequence's policy tokens, then over sequences, which equals L
 and gives ∂L/∂logp_θ(y_t) = −(1/N)·s_i·A_i/|y_i| on each policy token when not clipped (DSPO
-eq. 8), and 0 when the clip is active. FORMULAS has no KL term here (β = 0 default); with
-β > 0 the GRPO k3 term −β·D_t is added inside the same token mean.
+eq. 8), and 0 when the clip is active. DSPO eq. 11 has no KL term (β = 0 default); with
+β > 0 the GRPO k3 term −β·D_t is added inside the same token mean (docs/methods.md §4.5).
 """
 
 from __future__ import annotations
@@ -24,23 +24,22 @@ import torch
 from torch import Tensor
 
 from zsearch_cli.algos.common import (
+    add_kl_penalty,
     bool_mask,
     clipped_surrogate,
     detach_stats,
     expand_advantages,
-    k3_kl,
     masked_mean,
     policy_stats,
     seq_mean_token_mean,
     token_log_ratio,
 )
-from zsearch_cli.algos.grpo import grpo_advantages
 
 
 @dataclass(frozen=True)
 class GSPOConfig:
-    """GSPO hyper-parameters. Clip ranges from verl/TRL's GSPO recipes (FORMULAS §4); the DSPO
-    paper states no lr or G, so those follow Search-R1 (FORMULAS §6)."""
+    """GSPO hyper-parameters. Clip ranges from verl/TRL's GSPO recipes; the DSPO
+    paper states no lr or G, so those follow Search-R1 (docs/methods.md §4.5, §6)."""
 
     lr: float = 1e-6
     """Policy learning rate (not stated by DSPO; Search-R1's 1e-6)."""
@@ -51,15 +50,11 @@ class GSPOConfig:
     clip_eps_high: float = 4e-4
     """ε_h: the sequence ratio s_i is clipped at 1 + ε_h (verl/TRL: 4e-4)."""
     beta: float = 0.0
-    """β of an optional k3 KL term to the reference; 0 as in FORMULAS' GSPO/DSPO loss."""
+    """β of an optional k3 KL term to the reference; 0 as DSPO eq. 11 (docs/methods.md §4.5)."""
     delta: float = 1e-6
     """δ in the GRPO advantage A = (r − mean)/(std + δ) (DSPO eq. 10)."""
     scale_std: bool = True
     """Divide the advantage by (std_g + δ) (DSPO eq. 10); False gives r − mean_g."""
-
-
-gspo_advantages = grpo_advantages
-"""GRPO's group z-score (DSPO eq. 10): A_i = (r_i − mean_g r)/(std_g r + δ); see :func:`grpo.grpo_advantages`."""
 
 
 def sequence_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
@@ -95,11 +90,7 @@ def gspo_policy_loss(
     adv = expand_advantages(advantages, log_s_tok)  # [B, T]
     pg, clipped = clipped_surrogate(log_s_tok.exp(), adv, cfg.clip_eps_low, cfg.clip_eps_high)  # [B, T]
     pg_loss = seq_mean_token_mean(pg, m)
-    loss = pg_loss
-    if cfg.beta > 0:
-        if ref_logp is None:
-            raise ValueError(f"beta={cfg.beta} > 0 needs ref_logp")
-        loss = pg_loss + cfg.beta * seq_mean_token_mean(k3_kl(logp, ref_logp, m), m)
+    loss = add_kl_penalty(pg_loss, logp, ref_logp, m, cfg.beta)
 
     with torch.no_grad():
         log_ratio = token_log_ratio(logp, old_logp, m)  # [B, T]

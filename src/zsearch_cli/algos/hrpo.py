@@ -1,5 +1,5 @@
 """HRPO, hop-grouped relative policy optimization, for the Dr. Zero proposer (Dr. Zero eq. 2–3;
-FORMULAS §4 "HRPO").
+docs/methods.md §4.7).
 
 One question per prompt; rewards are standardized within the batch's group I_h of questions
 with the same hop count h:
@@ -13,7 +13,7 @@ hop group gets A = 0. var convention: **unbiased** (n−1), the same group stati
 (verl's ``torch.std``), so a hop group of two or more is always defined.
 
 Note: the paper's eq. 2 weights log π_θ(x_i, y_i | R), the *summed* sequence log-prob;
-FORMULAS (followed here) uses the per-token mean over the policy tokens.
+zsearch uses the per-token mean over the policy tokens (docs/methods.md §4.7).
 """
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from torch import Tensor
 
 from zsearch_cli.algos.common import (
     GroupIds,
+    add_kl_penalty,
     bool_mask,
     detach_stats,
     expand_advantages,
     group_normalize,
-    k3_kl,
     masked_mean,
     policy_stats,
     seq_mean_token_mean,
@@ -39,7 +39,7 @@ from zsearch_cli.algos.common import (
 
 @dataclass(frozen=True)
 class HRPOConfig:
-    """HRPO hyper-parameters; defaults from Dr. Zero Table 5 (FORMULAS §5–6)."""
+    """HRPO hyper-parameters; defaults from Dr. Zero Table 5 (docs/methods.md §5.4, §6)."""
 
     lr: float = 1e-6
     """Proposer learning rate (Dr. Zero: 5e-7 to 1e-6)."""
@@ -78,11 +78,7 @@ def hrpo_policy_loss(
     m = bool_mask(mask)
     adv = expand_advantages(advantages, logp)  # [B, T]
     pg_loss = seq_mean_token_mean(-adv * logp.float(), m)
-    loss = pg_loss
-    if cfg.beta > 0:
-        if ref_logp is None:
-            raise ValueError(f"beta={cfg.beta} > 0 needs ref_logp")
-        loss = pg_loss + cfg.beta * seq_mean_token_mean(k3_kl(logp, ref_logp, m), m)
+    loss = add_kl_penalty(pg_loss, logp, ref_logp, m, cfg.beta)
     with torch.no_grad():
         old = logp.detach() if old_logp is None else old_logp
         log_ratio = token_log_ratio(logp, old, m)  # [B, T]

@@ -1,4 +1,4 @@
-"""PPO with a learned critic and GAE (Search-R1 eq. 2; FORMULAS §4 "PPO").
+"""PPO with a learned critic and GAE (Search-R1 eq. 2; docs/methods.md §4.2).
 
 Rewards per token (KL in the reward, β = 0.001, KL_t = logp_θ − logp_ref on the rollout
 policy's log-probs):
@@ -44,7 +44,7 @@ from zsearch_cli.algos.common import (
 
 @dataclass(frozen=True)
 class PPOConfig:
-    """PPO hyper-parameters; defaults from Search-R1 (FORMULAS §4, §6)."""
+    """PPO hyper-parameters; defaults from Search-R1 App. B.2 (docs/methods.md §4.2, §6)."""
 
     lr: float = 1e-6
     """Actor learning rate (Search-R1: 1e-6)."""
@@ -68,8 +68,8 @@ class PPOConfig:
     """Multiplier of the value loss. The critic is a separate model with its own optimizer in
     Search-R1/verl, so 1 (the ½ of the squared error is inside the value loss)."""
     whiten_advantages: bool = False
-    """Whiten the GAE advantages over the batch's policy tokens. Off: FORMULAS' A_t is the raw
-    GAE sum. verl (which Search-R1 ran) whitens; set True to reproduce that."""
+    """Whiten the GAE advantages over the batch's policy tokens. Off: Search-R1 eq. 2 uses
+    the raw GAE sum (docs/methods.md §4.2). True reproduces verl, which Search-R1 ran."""
 
 
 @torch.no_grad()

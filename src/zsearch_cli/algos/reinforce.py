@@ -1,15 +1,16 @@
-"""REINFORCE, ZeroSearch's default (FORMULAS §4 "REINFORCE").
+"""REINFORCE, ZeroSearch's default (ZeroSearch §3.6; docs/methods.md §4.4).
 
     A_i = r_i                                   (no baseline, the default)
     A_i = r_i − (1/(G−1)) Σ_{j≠i} r_j           (optional RLOO baseline, within the prompt group)
 
-"through the same clipped loss" as GRPO, so the loss *is* :func:`grpo.grpo_policy_loss`:
+"through the same clipped loss" as GRPO, so ``ALGOS["reinforce"]`` uses :func:`grpo.grpo_policy_loss`:
 
     L = −(1/N) Σ_i (1/Σ_t I_{i,t}) Σ_t I_{i,t} [min(ρ_t A_i, clip(ρ_t, 1−ε, 1+ε) A_i) − β·D_t]
 
-with ε = 0.2 and β = 0.001 (FORMULAS §6, ZeroSearch column). A singleton group has no
+with ε = 0.2 and β = 0.001 (ZeroSearch App. F; docs/methods.md §6). A singleton group has no
 leave-one-out baseline and keeps A = r. GRPO with G = 1 and ``scale_std=False`` gives the
-same advantages, hence the same loss (tests/test_algos_equivalences.py).
+same advantages, hence the same loss
+(tests/test_algos.py::test_grpo_with_group_size_one_and_no_std_scaling_is_reinforce).
 """
 
 from __future__ import annotations
@@ -21,12 +22,11 @@ import torch
 from torch import Tensor
 
 from zsearch_cli.algos.common import GroupIds, group_moments
-from zsearch_cli.algos.grpo import grpo_policy_loss
 
 
 @dataclass(frozen=True)
 class ReinforceConfig:
-    """REINFORCE hyper-parameters; defaults from ZeroSearch (FORMULAS §6)."""
+    """REINFORCE hyper-parameters; defaults from ZeroSearch App. F (docs/methods.md §6)."""
 
     lr: float = 1e-6
     """Policy learning rate (ZeroSearch: 1e-6)."""
@@ -57,6 +57,3 @@ def reinforce_advantages(rewards: Tensor, group_ids: GroupIds, cfg: ReinforceCon
     loo_mean = (count * mean - r) / (count - 1).clamp_min(1)
     return torch.where(count > 1, r - loo_mean, r)
 
-
-reinforce_policy_loss = grpo_policy_loss
-"""The same clipped loss as GRPO (FORMULAS §4): see :func:`grpo.grpo_policy_loss`."""

@@ -1,7 +1,7 @@
 """QA loaders: FlashRAG jsonl, Search-R1 Parquet, and our own QA artifact.
 
 ``--datasets all`` means the seven benchmarks of the papers with the splits of
-FORMULAS.md §6, looked up as files under ``--data-dir`` in FlashRAG's layout
+docs/methods.md §6, looked up as files under ``--data-dir`` in FlashRAG's layout
 (``DATA_DIR/nq/test.jsonl``) or a flat one (``DATA_DIR/nq_test.jsonl``/``.parquet``).
 """
 
@@ -17,7 +17,7 @@ import pyarrow as pa
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.schemas import QA, file_kind, read_artifact, read_parquet, validate
 
-# The evaluation splits of FORMULAS.md §6: NQ/TriviaQA/PopQA/Bamboogle test, the rest dev.
+# The evaluation splits of docs/methods.md §6: NQ/TriviaQA/PopQA/Bamboogle test, the rest dev.
 BENCHMARK_SPLITS: dict[str, str] = {
     "nq": "test",
     "triviaqa": "test",
@@ -40,8 +40,12 @@ def _from_search_r1(table: pa.Table, path: Path) -> pa.Table:
         target = gt.get("target") if isinstance(gt, dict) else None
         if target is None:
             raise ZsearchError(f"{path}: row {i}: column 'reward_model.ground_truth.target' is missing")
-        if isinstance(target, str):
+        if isinstance(target, (str, int, float)) and not isinstance(target, bool):
             target = [target]
+        if not isinstance(target, (list, tuple)) or not target or any(t is None for t in target):
+            # str(None) would become the gold answer "None": refuse, naming the row
+            raise ZsearchError(f"{path}: row {i}: column 'reward_model.ground_truth.target' must be a non-empty "
+                               f"list of answers without nulls, got {target!r:.80}")
         question = rec.get("question")
         extra = rec.get("extra_info") or {}
         if question is None and isinstance(extra, dict):
@@ -107,8 +111,50 @@ def _download(name: str, split: str, data_dir: Path, where: str) -> Path:
 
 
 def resolve_datasets(spec: str) -> list[str]:
-    """``'all'`` or a comma list -> benchmark names, checked against the known seven."""
+    """``'all'`` or a comma list -> benchmark names (any case, returned lower-case) and file
+    paths (returned exactly as given: paths are case-sensitive)."""
     if spec.strip() == "all":
         return list(BENCHMARK_SPLITS)
-    names = [s.strip().lower() for s in spec.split(",") if s.strip()]
-    return names
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    return [n.lower() if n.lower() in BENCHMARK_SPLITS or n.lower() in ("demo", "all") else n for n in names]
+
+
+_QA_SUFFIXES = (".jsonl.gz", ".json.gz", ".jsonl", ".json", ".parquet")
+
+
+def _stem(name: str) -> str:
+    for suffix in _QA_SUFFIXES:
+        if name.lower().endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
+def dataset_key(path: Path, data_dir: Path | None) -> tuple[str, str | None]:
+    """(key, split) naming a QA file in eval outputs, unique per file and readable:
+
+    - under ``data_dir`` in FlashRAG's layout (``DATA_DIR/nq/test.jsonl``): ``nq/test``, split
+      ``test``; flat (``DATA_DIR/nq_test.jsonl``, ``DATA_DIR/nq.jsonl``) for the seven
+      benchmarks: ``nq/test`` too (the benchmark's split when the name has none);
+    - anywhere else: the path relative to the working directory (``FlashRAG_datasets/nq/test.jsonl``),
+      or the absolute path for a file outside it; split unknown (None).
+    """
+    resolved = Path(os.path.abspath(path))
+    try:
+        rel = resolved.relative_to(Path(os.path.abspath(data_dir))) if data_dir is not None else None
+    except ValueError:
+        rel = None
+    if rel is not None and len(rel.parts) == 2:
+        split = _stem(rel.parts[1])
+        return f"{rel.parts[0]}/{split}", split
+    if rel is not None and len(rel.parts) == 1:
+        stem = _stem(rel.parts[0])
+        if stem.lower() in BENCHMARK_SPLITS:
+            return f"{stem}/{BENCHMARK_SPLITS[stem.lower()]}", BENCHMARK_SPLITS[stem.lower()]
+        name, _, split = stem.rpartition("_")
+        if name.lower() in BENCHMARK_SPLITS and split:
+            return f"{name}/{split}", split
+    cwd = Path(os.getcwd())
+    try:
+        return str(resolved.relative_to(cwd)), None
+    except ValueError:
+        return str(resolved), None

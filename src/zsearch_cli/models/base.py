@@ -49,3 +49,25 @@ class GenerationBackend(Protocol):
     ) -> list[GenerationOutput]:
         """Continue each prompt; the stop string's own ids stay in ``token_ids``."""
         ...
+
+
+LOGP_TOLERANCE = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 2e-2}
+"""How far the generation backend's logprob of a token may be from the training model's
+forward for the same weights, in nats, by compute dtype (see :func:`logp_tolerance`).
+
+Why these values: both sides compute ``log_softmax`` of the same logits, so the only
+legitimate gap is rounding in different kernels (vLLM's attention and GEMMs vs. torch's,
+a KV cache vs. one padded forward). In fp32 that is ~1e-7 relative per operation; measured
+on vLLM's CPU build it is ~1e-6 nats on the tiny test model and ~1e-5 on smollm2-135M
+(tests/vllm/), so 1e-3 leaves two orders of magnitude for deeper models while still far
+below any real disagreement: one optimizer step the engine missed moves logprobs by
+1e-2 and more at RL learning rates, and a wrong or partial sync by whole nats. In bf16
+(8 bits of mantissa) published vLLM-vs-trainer comparisons report per-token gaps of 1e-2
+and above, hence 5e-2; fp16 (11 bits) in between. The bf16/fp16 values are NOT measured
+here (no GPU in CI): treat them as a starting point.
+"""
+
+
+def logp_tolerance(dtype: Any) -> float:
+    """:data:`LOGP_TOLERANCE` for a dtype name or ``torch.dtype`` (fp32's for anything else)."""
+    return LOGP_TOLERANCE.get(str(dtype).removeprefix("torch."), LOGP_TOLERANCE["float32"])

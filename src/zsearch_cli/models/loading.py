@@ -17,12 +17,12 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.files import mkdtemp_like_mkdir, safetensors_problem
 
 if TYPE_CHECKING:
     import torch
@@ -100,14 +100,13 @@ def _materialize_smollm2(target: Path) -> None:
     model.generation_config.eos_token_id = eos_ids
 
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    tmp = mkdtemp_like_mkdir(prefix=f".{target.name}.tmp-", dir=target.parent)
     try:
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
         (tmp / "zsearch_source.json").write_text(
             json.dumps({"gguf": str(gguf), "gguf_bytes": gguf.stat().st_size}, indent=2) + "\n"
         )
-        tmp.chmod(0o755)  # mkdtemp makes it 0700; the cache is an ordinary folder
         try:
             os.rename(tmp, target)
         except OSError:
@@ -237,6 +236,10 @@ def load_model(
     from transformers import AutoModelForCausalLM
 
     path = resolve_model_path(name_or_path)
+    for weights in sorted(Path(path).glob("*.safetensors")) if Path(path).is_dir() else []:
+        problem = safetensors_problem(weights)  # a cut file is one line, not safetensors' traceback
+        if problem:
+            raise ZsearchError(f"{weights.parent}: {problem}; copy or write the model again")
     if is_lora_checkpoint(path):
         return _load_lora_merged(path, device, dtype, trainable)
     tokenizer = load_tokenizer(path)
@@ -289,7 +292,7 @@ def merged_lora_dir(path: str) -> str:
     target = Path(path) / "merged"
     if not _folder_is_complete(target):
         model, tokenizer = _load_lora_merged(path, "cpu", "float32", False)
-        tmp = Path(tempfile.mkdtemp(prefix=".merged.tmp-", dir=path))
+        tmp = mkdtemp_like_mkdir(prefix=".merged.tmp-", dir=path)
         try:
             model.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)

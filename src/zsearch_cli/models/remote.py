@@ -57,7 +57,9 @@ class RemoteBackend:
 
     ``url`` is the API root (``http://host:port/v1``; a bare ``http://host:port`` gets
     ``/v1``). ``model`` is the served name; by default the server's first listed model.
-    ``tokenizer`` must be the served model's tokenizer.
+    ``tokenizer`` must be the served model's tokenizer. ``timeout`` is the total deadline of
+    one request (head and body; a server that stalls or trickles fails it), with ``retries``
+    bounded retries (:class:`~zsearch_cli.llm_client.LLMClient`).
     """
 
     def __init__(self, url: str, tokenizer: Any, model: str | None = None, *, concurrency: int = 32,

@@ -65,6 +65,10 @@ How many players are on the field? What is the name of the first book in the ser
 """
 
 
+VLLM_CPU_HEADS = {"num_attention_heads": 2, "num_key_value_heads": 1}
+"""Head counts for a tiny model vLLM's CPU attention accepts (head_dim 32; it refuses 16)."""
+
+
 def _train_tokenizer(text: str, vocab_size: int):
     """Train a byte-level BPE on ``text``; the special tokens come first, as single ids."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -97,6 +101,8 @@ def make_tiny_model(
     seed: int = 0,
     vocab_size: int = 640,
     corpus_text: str | None = None,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
 ) -> Path:
     """Write a random tiny ``Qwen2ForCausalLM`` plus tokenizer to ``dir``; return the path.
 
@@ -104,6 +110,10 @@ def make_tiny_model(
     matrix is sized to the tokenizer actually trained, so every logit is a real token.
     ``corpus_text`` is appended to the built-in training text for the BPE merges. Seeded
     weights: the same ``seed`` gives the same model. Runs in well under a second.
+
+    The head counts set ``head_dim = 64 / num_attention_heads``: the default (4 heads of 16)
+    is what the main suite uses; vLLM's CPU attention needs ``head_dim >= 32``, so its tests
+    pass :data:`VLLM_CPU_HEADS` (2 heads of 32, one KV head).
     """
     import torch
     from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
@@ -131,8 +141,8 @@ def make_tiny_model(
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
         max_position_embeddings=4096,
         tie_word_embeddings=True,
         # Larger than the usual 0.02 so the random logits are peaked: greedy decoding then

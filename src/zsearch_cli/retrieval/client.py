@@ -3,6 +3,8 @@
 Rollouts call the retriever thousands of times from many threads, and a retriever
 restarting or briefly overloaded should not kill a training run; so connection errors,
 timeouts and 5xx answers are retried a bounded number of times with exponential backoff,
+each attempt held to a total deadline (``timeout``: connect, head and body together, so a
+server that trickles bytes cannot stall the caller; :mod:`zsearch_cli.net`),
 while a 4xx (our request is wrong; retrying cannot help) fails at once. Either way the
 caller gets one :class:`ZsearchError` naming the URL and what went wrong.
 """
@@ -15,6 +17,7 @@ from typing import Any, Sequence
 
 import requests
 
+from zsearch_cli import net
 from zsearch_cli.data.corpus import split_contents
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.retrieval.base import Passage
@@ -26,6 +29,7 @@ class _Retryable(Exception):
 
 class RetrievalClient:
     """Talks to ``url`` (e.g. ``http://127.0.0.1:8000``; a trailing ``/retrieve`` is fine).
+    ``timeout`` is the total deadline of one attempt, in seconds.
 
     Safe to share between threads: each thread gets its own ``requests.Session`` (and so
     its own keep-alive connection), since a Session's pool is not guaranteed thread-safe.
@@ -49,7 +53,7 @@ class RetrievalClient:
     def _session(self) -> requests.Session:
         session = getattr(self._local, "session", None)
         if session is None:
-            session = self._local.session = requests.Session()
+            session = self._local.session = net.session()
         return session
 
     def _call(self, verb: str, path: str, payload: dict[str, Any] | None = None) -> Any:
@@ -68,11 +72,13 @@ class RetrievalClient:
 
     def _once(self, verb: str, url: str, payload: dict[str, Any] | None) -> Any:
         try:
-            resp = self._session().request(verb, url, json=payload, timeout=self.timeout)
-        except requests.Timeout:
-            raise _Retryable(f"timed out after {self.timeout:g}s") from None
+            resp = net.request(self._session(), verb, url, json=payload, deadline=self.timeout)
+        except net.DeadlineExceeded as err:
+            raise _Retryable(str(err)) from None
         except requests.ConnectionError as err:
             raise _Retryable(f"cannot connect ({_root_cause(err)})") from None
+        except requests.RequestException as err:  # a broken answer (cut body, bad chunking)
+            raise _Retryable(f"{type(err).__name__}: {_root_cause(err)}") from None
         if resp.status_code >= 500:
             raise _Retryable(f"HTTP {resp.status_code}: {_error_text(resp)}")
         if resp.status_code >= 400:

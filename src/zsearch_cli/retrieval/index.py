@@ -2,11 +2,19 @@
 
 Layout of an index directory::
 
-    manifest.json    kinds, corpus fingerprint, n_docs, every parameter, version, time
+    manifest.json    kinds, corpus fingerprint, n_docs, every parameter, version, time,
+                     and corpus.arrow's size in bytes
     corpus.arrow     the corpus as an uncompressed Arrow IPC file, memory-mapped at load
                      so a 21M-passage corpus is never held as Python objects
     bm25/            bm25s's CSC .npy files (or rank-bm25's postings), see bm25.py
     dense/           embeddings.npy (float32 memmap) + index.faiss, see dense.py
+    */part.json      each part's own seal: the corpus fingerprint and n_docs it was built
+                     from, and every file's size in bytes
+
+Loading checks every seal before touching a file: a part copied in from an index of
+another corpus would otherwise return other passages' rows (silently wrong results when
+that corpus was smaller), and a missing or truncated file would fail deep inside numpy
+or faiss with a traceback. Each mismatch is one "rebuild the index" line naming the file.
 
 A build writes everything into a temporary sibling directory and renames it over the
 target only once complete, so a crash never leaves a half-written index behind.
@@ -19,7 +27,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,21 +37,31 @@ import pyarrow as pa
 
 from zsearch_cli import __version__
 from zsearch_cli.config import err_console
-from zsearch_cli.data.corpus import corpus_fingerprint, iter_corpus_batches
+from zsearch_cli.data.corpus import WITH_CONTENTS, corpus_fingerprint, iter_corpus_batches
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.retrieval.base import Passage
 from zsearch_cli.schemas import CORPUS, _check_unique
 
-FORMAT = 1
+FORMAT = 2
+"""2: parts carry a part.json seal and the manifest corpus.arrow's size."""
+PART_SEAL = "part.json"
 MANIFEST = "manifest.json"
 CORPUS_FILE = "corpus.arrow"
 KINDS = ("bm25", "dense")
 METHODS = ("bm25", "dense", "hybrid")
 DEFAULTS: dict[str, Any] = {
-    "kind": "bm25", "bm25_backend": "bm25s", "k1": 1.2, "b": 0.75, "stemmer": "english",
-    "stopwords": "en", "encoder": "minilm", "faiss_type": "Flat", "batch_size": 128,
-    "max_length": 256, "device": "auto",
+    "kind": "bm25", "bm25_backend": "bm25s", "bm25_preset": "zsearch", "k1": 1.2, "b": 0.75,
+    "stemmer": "english", "stopwords": "en", "analyzer": "simple", "bm25_norms": "exact",
+    "encoder": "minilm", "faiss_type": "Flat", "batch_size": 128, "max_length": 256, "device": "auto",
 }
+BM25_PRESETS: dict[str, dict[str, Any]] = {
+    "zsearch": {},
+    # Pyserini's BM25 as Search-R1 and DSPO ran it: Lucene's EnglishAnalyzer chain, Lucene
+    # BM25Similarity (one-byte length norms, float32 arithmetic), k1 0.9, b 0.4.
+    "pyserini": {"k1": 0.9, "b": 0.4, "stemmer": "porter-lucene", "stopwords": "en", "analyzer": "lucene",
+                 "bm25_norms": "lucene"},
+}
+"""BM25 defaults per ``--bm25-preset``; options given explicitly still win."""
 
 
 # ----------------------------------------------------------------------------- options
@@ -70,8 +87,16 @@ def resolve_options(options: dict[str, Any] | None) -> dict[str, Any]:
     """Defaults for missing keys, plus the checks a typo should fail fast on (before any work)."""
     from zsearch_cli.retrieval.bm25 import BACKENDS
 
-    opts = {**DEFAULTS, **{k: v for k, v in (options or {}).items() if k in DEFAULTS and v is not None}}
+    given = {k: v for k, v in (options or {}).items() if k in DEFAULTS and v is not None}
+    preset = given.get("bm25_preset", DEFAULTS["bm25_preset"])
+    if preset not in BM25_PRESETS:
+        raise ZsearchError(f"unknown BM25 preset {preset!r} (choose from: {', '.join(BM25_PRESETS)})")
+    opts = {**DEFAULTS, **BM25_PRESETS[preset], **given}
     opts["kind"] = ",".join(parse_kinds(opts["kind"]))
+    if opts["bm25_norms"] not in ("exact", "lucene"):
+        raise ZsearchError(f"unknown BM25 length norms {opts['bm25_norms']!r} (choose from: exact, lucene)")
+    if opts["bm25_norms"] == "lucene" and opts["bm25_backend"] != "bm25s":
+        raise ZsearchError("Lucene length norms (--bm25-preset pyserini) need --bm25-backend bm25s")
     if opts["bm25_backend"] not in BACKENDS:
         raise ZsearchError(f"unknown BM25 backend {opts['bm25_backend']!r} (choose from: {', '.join(BACKENDS)})")
     if not float(opts["k1"]) >= 0 or not 0 <= float(opts["b"]) <= 1:
@@ -98,9 +123,9 @@ def _progress(description: str, total: int) -> Iterator[Callable[[int], None]]:
 
 def _write_corpus(src: Path, dest: Path) -> tuple[int, str]:
     """Stream ``src`` into ``dest`` (Arrow IPC), fingerprinting on the way; returns (rows, fingerprint)."""
-    with pa.OSFile(str(dest), "wb") as sink, pa.ipc.new_file(sink, CORPUS.schema) as writer:
+    with pa.OSFile(str(dest), "wb") as sink, pa.ipc.new_file(sink, WITH_CONTENTS) as writer:
         def tee() -> Iterator[pa.RecordBatch]:
-            for batch in iter_corpus_batches(src):
+            for batch in iter_corpus_batches(src, with_contents=True):
                 writer.write_batch(batch)
                 yield batch
 
@@ -130,6 +155,40 @@ def _check_target(out: Path) -> None:
         raise ZsearchError(f"{out}: exists and is not a zsearch index; refusing to overwrite it")
 
 
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    except (OverflowError, ValueError):
+        return False
+    return True
+
+
+def _clean_stale_temps(out: Path) -> None:
+    """Remove temp folders of builds into ``out`` that were killed: their names carry the
+    owner's pid (``.NAME.PID.xxxx.tmp``, ``.NAME.old-PID-ns``) and that pid is gone.
+    A live owner (a concurrent build) keeps its folder; names without a pid are left alone."""
+    prefix = f".{out.name}."
+    if not out.parent.is_dir():
+        return
+    for path in out.parent.iterdir():
+        name = path.name
+        if not name.startswith(prefix) or not path.is_dir():
+            continue
+        rest = name[len(prefix):]
+        if rest.endswith(".tmp"):
+            pid_text = rest.split(".", 1)[0]
+        elif rest.startswith("old-"):
+            pid_text = rest[4:].split("-", 1)[0]
+        else:
+            continue
+        if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
 def _swap_in(tmp: Path, out: Path) -> None:
     """Rename the finished build over ``out`` (the old index, if any, is removed after)."""
     old = None
@@ -157,14 +216,19 @@ def build_index(corpus: Path | None, out: Path, options: dict) -> Path:
     _check_target(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     # Catch option mistakes now, not after ingesting (and tokenizing) a 21M-passage corpus.
-    tokenizer = Tokenizer(opts["stemmer"], opts["stopwords"]) if "bm25" in kinds else None
+    tokenizer = Tokenizer(opts["stemmer"], opts["stopwords"], opts["analyzer"]) if "bm25" in kinds else None
     if "dense" in kinds:
         from zsearch_cli.retrieval.dense import check_faiss_type, pick_device, resolve_encoder
 
         resolve_encoder(opts["encoder"])
         check_faiss_type(opts["faiss_type"].strip())
         pick_device(opts["device"])
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    from zsearch_cli.files import mkdtemp_like_mkdir
+
+    _clean_stale_temps(out)
+    # The owner's pid is in the name, so a later build can tell a killed build's leftovers
+    # from a concurrent live one.
+    tmp = mkdtemp_like_mkdir(prefix=f".{out.name}.{os.getpid()}.", suffix=".tmp", dir=out.parent)  # mode as mkdir gives
     try:
         n_docs, fingerprint = _write_corpus(src, tmp / CORPUS_FILE)
         manifest: dict[str, Any] = {
@@ -179,7 +243,8 @@ def build_index(corpus: Path | None, out: Path, options: dict) -> Path:
 
             with _progress("BM25 tokenize", n_docs) as advance:
                 manifest["bm25"] = build_bm25(_corpus_batches(tmp / CORPUS_FILE), n_docs, tmp / "bm25", tokenizer,
-                                              float(opts["k1"]), float(opts["b"]), opts["bm25_backend"], advance)
+                                              float(opts["k1"]), float(opts["b"]), opts["bm25_backend"], advance,
+                                              norms=opts["bm25_norms"])
         if "dense" in kinds:
             from zsearch_cli.retrieval.dense import Encoder, build_dense
 
@@ -187,6 +252,9 @@ def build_index(corpus: Path | None, out: Path, options: dict) -> Path:
             with _progress(f"encode ({encoder.device})", n_docs) as advance:
                 manifest["dense"] = build_dense(_corpus_batches(tmp / CORPUS_FILE), n_docs, tmp / "dense",
                                                 encoder, opts["faiss_type"], advance)
+        manifest["corpus"]["bytes"] = (tmp / CORPUS_FILE).stat().st_size
+        for kind in kinds:
+            _seal_part(tmp / kind, fingerprint, n_docs)
         with open(tmp / MANIFEST, "w", encoding="utf-8") as fh:
             json.dump(manifest, fh, indent=2)
         _swap_in(tmp, out)
@@ -194,6 +262,47 @@ def build_index(corpus: Path | None, out: Path, options: dict) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _seal_part(part: Path, fingerprint: str, n_docs: int) -> None:
+    """Write ``part/part.json``: what the part was built from, and each file's size."""
+    files = {str(f.relative_to(part)): f.stat().st_size for f in sorted(part.rglob("*")) if f.is_file()}
+    with open(part / PART_SEAL, "w", encoding="utf-8") as fh:
+        json.dump({"corpus_fingerprint": fingerprint, "n_docs": n_docs, "files": files}, fh, indent=2)
+
+
+def _rebuild(index_dir: Path, what: str) -> ZsearchError:
+    return ZsearchError(f"{index_dir}: {what}; rebuild the index with `zsearch index ... --out {index_dir}`")
+
+
+def check_index_files(index_dir: Path, manifest: dict[str, Any]) -> None:
+    """Every part's seal against the manifest, and every file's presence and size."""
+    fingerprint, n_docs = manifest["corpus"]["fingerprint"], manifest["n_docs"]
+    corpus = index_dir / CORPUS_FILE
+    if not corpus.is_file():
+        raise _rebuild(index_dir, f"{CORPUS_FILE} is missing")
+    if corpus.stat().st_size != manifest["corpus"].get("bytes"):
+        raise _rebuild(index_dir, f"{CORPUS_FILE} is {corpus.stat().st_size} bytes, the manifest says "
+                                  f"{manifest['corpus'].get('bytes')} (truncated or replaced)")
+    for kind in manifest["kinds"]:
+        seal_path = index_dir / kind / PART_SEAL
+        try:
+            with open(seal_path, encoding="utf-8") as fh:
+                seal = json.load(fh)
+            files = dict(seal["files"])
+        except (OSError, ValueError, KeyError, TypeError) as err:
+            raise _rebuild(index_dir, f"{kind}/{PART_SEAL} is missing or unreadable ({type(err).__name__})") from None
+        if seal.get("corpus_fingerprint") != fingerprint or seal.get("n_docs") != n_docs:
+            raise _rebuild(index_dir, f"part {kind}/ was built from another corpus "
+                                      f"({seal.get('n_docs')} passages, fingerprint {str(seal.get('corpus_fingerprint'))[:12]}; "
+                                      f"this index: {n_docs} passages, {fingerprint[:12]})")
+        for name, size in files.items():
+            path = index_dir / kind / name
+            if not path.is_file():
+                raise _rebuild(index_dir, f"{kind}/{name} is missing")
+            if path.stat().st_size != size:
+                raise _rebuild(index_dir, f"{kind}/{name} is {path.stat().st_size} bytes, its part.json says "
+                                          f"{size} (truncated or replaced)")
 
 
 # ----------------------------------------------------------------------------- load / search
@@ -210,6 +319,9 @@ def read_manifest(index_dir: Path) -> dict[str, Any]:
         raise ZsearchError(f"{path}: unreadable index manifest ({err})") from None
     if manifest.get("format") != FORMAT:
         raise ZsearchError(f"{path}: index format {manifest.get('format')!r} is not {FORMAT}; rebuild the index")
+    if not isinstance(manifest.get("corpus"), dict) or not isinstance(manifest.get("kinds"), list) \
+            or not isinstance(manifest.get("n_docs"), int):
+        raise ZsearchError(f"{path}: index manifest lacks corpus/kinds/n_docs; rebuild the index")
     return manifest
 
 
@@ -243,7 +355,11 @@ class SearchIndex:
         self.methods: list[str] = kinds + (["hybrid"] if set(KINDS) <= set(kinds) else [])
         params = hashlib.blake2b(json.dumps(manifest["params"], sort_keys=True).encode(), digest_size=4).hexdigest()
         self.name: str = f"{manifest['corpus']['fingerprint'][:16]}-{'+'.join(kinds)}-{params}"
-        self._table = _open_corpus(self.index_dir / CORPUS_FILE)
+        check_index_files(self.index_dir, manifest)
+        try:
+            self._table = _open_corpus(self.index_dir / CORPUS_FILE)
+        except (pa.ArrowInvalid, OSError) as err:
+            raise _rebuild(self.index_dir, f"{CORPUS_FILE} is unreadable ({err})") from None
         if self._table.num_rows != manifest["n_docs"]:
             raise ZsearchError(f"{self.index_dir}: {CORPUS_FILE} has {self._table.num_rows} rows, "
                                f"the manifest says {manifest['n_docs']}; rebuild the index")
@@ -251,7 +367,7 @@ class SearchIndex:
         # its own batch: zero-copy views of the mapped file, nothing loaded up front.
         batches = [b for b in self._table.to_batches() if b.num_rows]
         self._batch_start = np.cumsum([0] + [b.num_rows for b in batches[:-1]], dtype=np.int64)
-        self._batch_cols = [tuple(b.column(c) for c in ("id", "title", "text")) for b in batches]
+        self._batch_cols = [tuple(b.column(c) for c in WITH_CONTENTS.names) for b in batches]
         self._bm25 = self._dense = None
         if "bm25" in kinds:
             from zsearch_cli.retrieval.bm25 import BM25Searcher
@@ -282,8 +398,8 @@ class SearchIndex:
         """The passage at corpus row ``row`` (score None)."""
         if not 0 <= row < len(self):
             raise ZsearchError(f"row {row} is out of range (the index has {len(self)} passages)")
-        (pid, title, text), = self._records([row])
-        return Passage(pid, title, text)
+        (pid, title, text, raw), = self._records([row])
+        return Passage(pid, title, text, raw_contents=raw)
 
     def search(self, queries: Sequence[str], topk: int, method: str = "auto") -> list[list[Passage]]:
         """Top-``topk`` passages for each query, best first.
@@ -299,7 +415,9 @@ class SearchIndex:
         if not queries:
             return []
         k = min(topk, len(self))
-        if method == "bm25":
+        if method == "bm25" and self.manifest["params"].get("bm25_preset") == "pyserini":
+            scores, rows = self._search_ties_by_id(queries, k)
+        elif method == "bm25":
             scores, rows = self._bm25.search(queries, k)
         elif method == "dense":
             scores, rows = self._dense.search(queries, k)
@@ -312,8 +430,36 @@ class SearchIndex:
             rows, scores = rrf_fuse_batch(bm25_rows, dense_rows, k)
         return self._passages(rows, scores)
 
-    def _records(self, rows: Sequence[int]) -> list[tuple[str, str, str]]:
-        """``(id, title, text)`` of each corpus row, nulls as ``""``.
+    def _search_ties_by_id(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """BM25 top-``k`` with equal scores ordered by passage id (as a string), not by row:
+        Anserini sorts its hits by (score, docid), so this is Pyserini's order. Each query is
+        searched deep enough to see every passage tied with its k-th best."""
+        n = len(self)
+        out_scores = np.zeros((len(queries), k), dtype=np.float32)
+        out_rows = np.full((len(queries), k), -1, dtype=np.int64)
+        todo, depth = list(range(len(queries))), min(n, 2 * k + 8)
+        while todo:
+            scores, rows = self._bm25.search([queries[i] for i in todo], depth)
+            unresolved = []
+            for qi, sc, rw in zip(todo, scores, rows):
+                valid = rw >= 0
+                sc, rw = sc[valid], rw[valid]
+                if len(rw) >= k and depth < n and len(rw) == depth and sc[-1] == sc[k - 1]:
+                    unresolved.append(qi)  # the tie at the k-th score may go deeper
+                    continue
+                if len(rw) > k:
+                    keep = sc >= sc[k - 1]
+                    sc, rw = sc[keep], rw[keep]
+                ids = [rec[0] for rec in self._records(rw)]
+                order = sorted(range(len(rw)), key=lambda j: (-float(sc[j]), ids[j]))[:k]
+                out_scores[qi, : len(order)] = sc[order]
+                out_rows[qi, : len(order)] = rw[order]
+            todo, depth = unresolved, min(n, depth * 4)
+        return out_scores, out_rows
+
+    def _records(self, rows: Sequence[int]) -> list[tuple[str, str, str, str | None]]:
+        """``(id, title, text, contents)`` of each corpus row: nulls as ``""``, except the
+        raw wiki-18 ``contents``, None for passages given as title/text.
 
         Read value by value from the row's record batch, zero-copy. ``Table.take`` on the
         chunked columns concatenates all their chunks first: a 50-row take on the 77 MB
@@ -324,13 +470,24 @@ class SearchIndex:
         where = np.searchsorted(self._batch_start, rows, side="right") - 1
         local = rows - self._batch_start[where]
         cols = self._batch_cols
-        return [tuple(col[j].as_py() or "" for col in cols[b]) for b, j in zip(where.tolist(), local.tolist())]
+        out = []
+        for b, j in zip(where.tolist(), local.tolist()):
+            pid, title, text, raw = (col[j].as_py() for col in cols[b])
+            out.append((pid or "", title or "", text or "", raw))
+        return out
 
     def _passages(self, rows: Sequence[Sequence[int]], scores: Sequence[Sequence[float]]) -> list[list[Passage]]:
         """The hits of each query (rows >= 0) as :class:`Passage` lists, read in one pass."""
         kept = [[(int(r), float(s)) for r, s in zip(rr, ss) if r >= 0] for rr, ss in zip(rows, scores)]
         records = iter(self._records([r for hits in kept for r, _ in hits]))
-        return [[Passage(*next(records), s) for _, s in hits] for hits in kept]
+        passages = []
+        for hits in kept:
+            row_passages = []
+            for _, s in hits:
+                pid, title, text, raw = next(records)
+                row_passages.append(Passage(pid, title, text, s, raw_contents=raw))
+            passages.append(row_passages)
+        return passages
 
 
 def print_search(query: str, index_dir: Path, method: str = "auto", topk: int = 3) -> None:

@@ -31,7 +31,7 @@ import time
 from collections import OrderedDict
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Hashable, Iterator, Sequence
+from typing import Any, Callable, Hashable, Iterator, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -45,26 +45,42 @@ log = logging.getLogger("zsearch.server")
 
 DEFAULT_TOPK = 3
 """Search-R1's ``retrieval_topk`` default, used when a request leaves ``topk`` out."""
-DEFAULT_MAX_BODY_BYTES = 4 << 20
-"""4 MiB: 512 queries of several KiB each, far beyond what an agent sends."""
+DEFAULT_MAX_QUERIES = 8192
+"""Search-R1's GRPO sends 512 prompts x 5 samples = 2560 queries in one request."""
+DEFAULT_MAX_BODY_BYTES = 16 << 20
+"""16 MiB: 8192 queries of 2 KiB each; bounds what one request makes us parse."""
+DEFAULT_MAX_RESULTS = 100_000
+"""Most passages (queries x topk) one response may carry: ~70 MB of JSON for wiki-18
+passages, which bounds the memory one request can make us hold (2560 x 3 is 7680)."""
+DEFAULT_CACHE_BYTES = 512 << 20
+"""512 MiB of cached results (estimated; see :func:`result_bytes`)."""
 
 
 # ----------------------------------------------------------------------------- cache
 
 
 class LRUCache:
-    """A thread-safe least-recently-used map with hit/miss counters.
+    """A thread-safe least-recently-used map with hit/miss counters, bounded in entries
+    and in (estimated) bytes.
 
     One lock guards everything; operations are a few dict moves, so contention is
-    negligible next to a search. ``capacity=0`` turns caching off (every get misses).
+    negligible next to a search. ``capacity=0`` or ``max_bytes=0`` turns caching off.
+    An entry's size is ``sizeof(key, value)``; a single entry larger than the whole
+    byte budget is not stored at all (it would only evict everything else).
     """
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, max_bytes: int = DEFAULT_CACHE_BYTES,
+                 sizeof: Callable[[Hashable, Any], int] | None = None):
         if capacity < 0:
             raise ZsearchError(f"cache size must be >= 0, got {capacity}")
+        if max_bytes < 0:
+            raise ZsearchError(f"cache bytes must be >= 0, got {max_bytes}")
         self.capacity = capacity
-        self._data: OrderedDict[Hashable, Any] = OrderedDict()
+        self.max_bytes = max_bytes
+        self._sizeof = sizeof or (lambda key, value: 0)
+        self._data: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
         self._lock = threading.Lock()
+        self.bytes = 0
         self.hits = 0
         self.misses = 0
 
@@ -73,31 +89,50 @@ class LRUCache:
         out: list[Any | None] = []
         with self._lock:
             for key in keys:
-                value = self._data.get(key)
-                if value is None:
+                entry = self._data.get(key)
+                if entry is None:
                     self.misses += 1
+                    out.append(None)
                 else:
                     self.hits += 1
                     self._data.move_to_end(key)
-                out.append(value)
+                    out.append(entry[0])
         return out
 
     def put_many(self, items: Sequence[tuple[Hashable, Any]]) -> None:
-        if self.capacity == 0:
+        if self.capacity == 0 or self.max_bytes == 0:
             return
+        sized = [(key, value, self._sizeof(key, value)) for key, value in items]
         with self._lock:
-            for key, value in items:
-                self._data[key] = value
-                self._data.move_to_end(key)
-            while len(self._data) > self.capacity:
-                self._data.popitem(last=False)
+            for key, value, size in sized:
+                if size > self.max_bytes:
+                    continue
+                old = self._data.pop(key, None)
+                if old is not None:
+                    self.bytes -= old[1]
+                self._data[key] = (value, size)
+                self.bytes += size
+            while len(self._data) > self.capacity or self.bytes > self.max_bytes:
+                _, (_, size) = self._data.popitem(last=False)
+                self.bytes -= size
 
     def __len__(self) -> int:
         return len(self._data)
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            return {"hits": self.hits, "misses": self.misses, "size": len(self._data), "capacity": self.capacity}
+            return {"hits": self.hits, "misses": self.misses, "size": len(self._data), "capacity": self.capacity,
+                    "bytes": self.bytes, "max_bytes": self.max_bytes}
+
+
+def result_bytes(key: Hashable, hits: Sequence[Passage]) -> int:
+    """An estimate of the memory one cached result holds: its strings plus per-object
+    overhead (CPython: ~50 bytes per str, ~70 per Passage, ~60 per tuple/list)."""
+    query = key[0] if isinstance(key, tuple) and key and isinstance(key[0], str) else ""
+    size = 200 + len(query.encode("utf-8", "surrogatepass"))
+    for p in hits:
+        size += 220 + len(p.id) + len(p.title.encode("utf-8", "surrogatepass")) + len(p.text.encode("utf-8", "surrogatepass"))
+    return size
 
 
 # ----------------------------------------------------------------------------- service
@@ -110,7 +145,8 @@ class RetrievalService:
     (and reused) without a web framework in the way.
     """
 
-    def __init__(self, index: Any, method: str = "auto", cache_size: int = 100_000):
+    def __init__(self, index: Any, method: str = "auto", cache_size: int = 100_000,
+                 cache_bytes: int = DEFAULT_CACHE_BYTES):
         methods = list(getattr(index, "methods", []))
         if hasattr(index, "resolve_method"):  # checks the name; 'auto' becomes what it means here
             method = index.resolve_method(method)
@@ -118,7 +154,7 @@ class RetrievalService:
             raise ZsearchError(f"index {index.name} has no method '{method}' (it has: {', '.join(methods)}, auto)")
         self.index = index
         self.method = method
-        self.cache = LRUCache(cache_size)
+        self.cache = LRUCache(cache_size, cache_bytes, result_bytes)
         self.index_calls = 0
         """How many batched ``index.search`` calls were made (one per request with misses)."""
         self.searched = 0
@@ -165,7 +201,8 @@ class RequestError(Exception):
         self.message = message
 
 
-def parse_request(body: bytes, max_queries: int, max_topk: int) -> tuple[list[str], int, bool]:
+def parse_request(body: bytes, max_queries: int, max_topk: int,
+                  max_results: int = DEFAULT_MAX_RESULTS) -> tuple[list[str], int, bool]:
     """``(queries, topk, return_scores)`` from a /retrieve body, or a :class:`RequestError`.
 
     Defaults follow Search-R1's ``QueryRequest``: ``topk`` 3, ``return_scores`` false.
@@ -175,6 +212,8 @@ def parse_request(body: bytes, max_queries: int, max_topk: int) -> tuple[list[st
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as err:
         raise RequestError(400, f"body is not valid JSON ({err})") from None
+    except RecursionError:  # e.g. [[[[...]]]] 2000 deep: the stdlib parser recurses per level
+        raise RequestError(400, "body is not valid JSON (nested too deeply)") from None
     if not isinstance(data, dict):
         raise RequestError(400, f"body must be a JSON object, got {type(data).__name__}")
     queries = data.get("queries")
@@ -192,6 +231,9 @@ def parse_request(body: bytes, max_queries: int, max_topk: int) -> tuple[list[st
         raise RequestError(400, f"'topk' must be an integer, got {type(topk).__name__}")
     if not 1 <= topk <= max_topk:
         raise RequestError(400, f"'topk' must be between 1 and {max_topk}, got {topk}")
+    if len(queries) * topk > max_results:
+        raise RequestError(413, f"too many results: {len(queries)} queries x topk {topk} = {len(queries) * topk} "
+                                f"(this server returns at most {max_results} passages per request)")
     return_scores = data.get("return_scores", False)
     if not isinstance(return_scores, bool):
         raise RequestError(400, f"'return_scores' must be true or false, got {type(return_scores).__name__}")
@@ -220,18 +262,20 @@ def dumps(obj: Any) -> bytes:
 def create_app(
     index: Any,
     method: str = "auto",
-    max_queries: int = 512,
+    max_queries: int = DEFAULT_MAX_QUERIES,
     max_topk: int = 100,
     cache_size: int = 100_000,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    cache_bytes: int = DEFAULT_CACHE_BYTES,
+    max_results: int = DEFAULT_MAX_RESULTS,
 ) -> FastAPI:
     """A FastAPI app serving ``index`` (a loaded ``SearchIndex``) at /retrieve and /health.
 
     The service is reachable as ``app.state.service`` (its cache stats are in /health too).
     """
-    if max_queries < 1 or max_topk < 1 or max_body_bytes < 1:
-        raise ZsearchError("max_queries, max_topk and max_body_bytes must all be >= 1")
-    service = RetrievalService(index, method=method, cache_size=cache_size)
+    if min(max_queries, max_topk, max_body_bytes, max_results) < 1:
+        raise ZsearchError("max_queries, max_topk, max_body_bytes and max_results must all be >= 1")
+    service = RetrievalService(index, method=method, cache_size=cache_size, cache_bytes=cache_bytes)
     app = FastAPI(title="zsearch retrieval server", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
 
@@ -259,7 +303,7 @@ def create_app(
     async def retrieve(request: Request) -> Response:
         try:
             body = await read_body(request)
-            queries, topk, return_scores = parse_request(body, max_queries, max_topk)
+            queries, topk, return_scores = parse_request(body, max_queries, max_topk, max_results)
             results = await run_in_threadpool(service.search, queries, topk)
             return json_response(render(results, return_scores))
         except RequestError as err:
@@ -323,10 +367,11 @@ def run_server(
     host: str = "127.0.0.1",
     port: int = 8000,
     method: str = "auto",
-    max_queries: int = 512,
+    max_queries: int = DEFAULT_MAX_QUERIES,
     max_topk: int = 100,
     cache_size: int = 100_000,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    cache_bytes: int = DEFAULT_CACHE_BYTES,
 ) -> None:
     """Load ``index_dir``, print where we listen, and serve until SIGINT/SIGTERM.
 
@@ -343,7 +388,7 @@ def run_server(
     err = Console(stderr=True)
     index = load_index(Path(index_dir))
     app = create_app(index, method=method, max_queries=max_queries, max_topk=max_topk,
-                     cache_size=cache_size, max_body_bytes=max_body_bytes)
+                     cache_size=cache_size, max_body_bytes=max_body_bytes, cache_bytes=cache_bytes)
     if not is_loopback(host):
         err.print(f"[bold yellow]warning:[/] listening on {host}, not loopback: the server has no "
                   "authentication, anyone who can reach this port can query the index", highlight=False)

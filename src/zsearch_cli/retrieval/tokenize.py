@@ -1,7 +1,9 @@
 """The one BM25 tokenizer, shared by indexing and querying and by both BM25 backends.
 
-A term is produced by: lowercase -> split on anything that is not a letter or digit
-(underscore included) -> drop stopwords -> Snowball-stem (PyStemmer). Using one
+A term is produced by (analyzer ``simple``, the default): lowercase -> split on anything
+that is not a letter or digit (underscore included) -> drop stopwords -> Snowball-stem
+(PyStemmer). Analyzer ``lucene`` with stemmer ``porter-lucene`` is Lucene's English chain
+instead, as Pyserini runs it (see lucene_analyzer.py). Using one
 function for corpus and queries, and for bm25s and rank-bm25, is what makes their
 scores comparable at all: any difference in terms would show up as a score gap.
 """
@@ -20,6 +22,9 @@ _WORD = re.compile(r"[^\W_]+")
 """Maximal runs of Unicode letters/digits: 'Dr. Zero_v2' -> ['dr', 'zero', 'v2']."""
 
 STOPWORD_LISTS = ("en", "none")
+ANALYZERS = ("simple", "lucene")
+LUCENE_PORTER = "porter-lucene"
+"""Porter's original algorithm as Lucene's PorterStemFilter runs it (not PyStemmer's)."""
 
 
 def _stopwords(name: str) -> frozenset[str]:
@@ -37,11 +42,16 @@ def _stopwords(name: str) -> frozenset[str]:
 def _stemmer(language: str):
     if language == "none":
         return None
+    if language == LUCENE_PORTER:
+        from zsearch_cli.retrieval.lucene_analyzer import porter_stem
+
+        return porter_stem
     import Stemmer  # PyStemmer
 
     if language not in Stemmer.algorithms():
         raise ZsearchError(
-            f"unknown stemmer {language!r} (choose 'none' or one of: {', '.join(sorted(Stemmer.algorithms()))})"
+            f"unknown stemmer {language!r} (choose 'none', '{LUCENE_PORTER}' or one of: "
+            f"{', '.join(sorted(Stemmer.algorithms()))})"
         )
     return Stemmer.Stemmer(language)
 
@@ -53,9 +63,16 @@ class Tokenizer:
     term id once (a per-tokenizer cache), so stemming costs O(vocabulary), not O(tokens).
     """
 
-    def __init__(self, stemmer: str = "english", stopwords: str = "en"):
+    def __init__(self, stemmer: str = "english", stopwords: str = "en", analyzer: str = "simple"):
+        if analyzer not in ANALYZERS:
+            raise ZsearchError(f"unknown analyzer {analyzer!r} (choose from: {', '.join(ANALYZERS)})")
         self.stemmer_name = stemmer
         self.stopwords_name = stopwords
+        self.analyzer = analyzer
+        if analyzer == "lucene":
+            from zsearch_cli.retrieval.lucene_analyzer import english_words
+
+            self.words = english_words  # type: ignore[method-assign]
         self.stopwords = _stopwords(stopwords)
         self._stemmer = _stemmer(stemmer)
         self._lock = threading.Lock()
@@ -65,7 +82,7 @@ class Tokenizer:
 
     @property
     def config(self) -> dict[str, str]:
-        return {"stemmer": self.stemmer_name, "stopwords": self.stopwords_name}
+        return {"stemmer": self.stemmer_name, "stopwords": self.stopwords_name, "analyzer": self.analyzer}
 
     @staticmethod
     def words(text: str) -> list[str]:
@@ -75,6 +92,8 @@ class Tokenizer:
     def _stem(self, words: list[str]) -> list[str]:
         if self._stemmer is None or not words:
             return words
+        if self.stemmer_name == LUCENE_PORTER:  # pure Python: stateless, cached, no lock needed
+            return [self._stemmer(w) for w in words]
         with self._lock:  # PyStemmer keeps C state and a cache: not safe to share
             return self._stemmer.stemWords(words)
 

@@ -105,7 +105,7 @@ def format_passages(passages: Sequence["Passage"]) -> str:
 
 
 def wrap_information(parts: Sequence[str]) -> str:
-    """``\\n\\n<information>{parts}</information>\\n\\n`` (FORMULAS §2)."""
+    """``\\n\\n<information>{parts}</information>\\n\\n`` (docs/methods.md §2.2)."""
     return "\n\n<information>" + "".join(parts).strip() + "</information>\n\n"
 
 
@@ -193,13 +193,13 @@ class TagsProtocol(Protocol):
         return Action(kind="search", queries=[query[:MAX_QUERY_CHARS]])
 
     def render_observation(self, docs: Docs | None, action: Action | None = None) -> str:
-        """FORMULAS §2. Passages of several queries (not produced by this protocol) are
+        """docs/methods.md §2.2. Passages of several queries (not produced by this protocol) are
         numbered on. ``None`` gives Search-R1's empty block."""
         passages = [p for per_query in (docs or []) for p in per_query]
         return wrap_information(render_observation_parts(passages))
 
     def render_invalid(self, action: Action) -> str:
-        """Search-R1's fixed text (FORMULAS §2); the specific error is only logged."""
+        """Search-R1's fixed text (docs/methods.md §2.2); the specific error is only logged."""
         return INVALID_ACTION_OBSERVATION
 
     def render_no_search_left(self) -> str:

@@ -1,8 +1,8 @@
 """The search interface the rollout engine talks to.
 
 Every query carries the context of the row that issued it (row id, question, gold
-answers), because the ZeroSearch simulator writes documents *for that question*; the
-anchor code sent another row's question when some rows of a batch did not search.
+answers), because the ZeroSearch simulator writes documents *for that question*; ZeroSearch's
+code sent another row's question when some rows of a batch did not search.
 """
 
 from __future__ import annotations

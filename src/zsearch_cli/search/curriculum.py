@@ -1,4 +1,4 @@
-"""ZeroSearch's curriculum noise (paper §3.4, eq. 1; FORMULAS §3).
+"""ZeroSearch's curriculum noise (paper §3.4, eq. 1; docs/methods.md §3).
 
 During RL the simulator writes *noisy* documents with probability
 

@@ -1,4 +1,10 @@
-"""Search through a running ``zsearch serve`` (or Search-R1's retriever) at ``http://host:port``."""
+"""Search through a running ``zsearch serve`` (or Search-R1's retriever) at ``http://host:port``.
+
+``timeout`` is the total deadline of one ``/retrieve`` request (connect, head and body),
+which carries a whole rollout turn's queries: 60 s leaves room for a large batch on a busy
+dense index, and a server that stalls or trickles bytes fails the call after at most
+``(1 + retries)`` deadlines plus backoff, never hangs it.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,7 @@ from zsearch_cli.errors import ZsearchError
 
 
 class HTTPSearch:
-    def __init__(self, url: str, timeout: float = 10.0, retries: int = 3, backoff: float = 0.5):
+    def __init__(self, url: str, timeout: float = 60.0, retries: int = 3, backoff: float = 0.5):
         from zsearch_cli.retrieval.client import RetrievalClient
 
         self.client = RetrievalClient(url, timeout=timeout, retries=retries, backoff=backoff)

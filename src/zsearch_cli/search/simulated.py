@@ -145,8 +145,6 @@ class SimulatedSearch:
             self.name = f"sim:{target}:{cfg.mode}"
         self._cache: OrderedDict[tuple[str, str, str], list[str]] = OrderedDict()
         self._batches = 0
-        self.last_prompts: list[str] = []
-        """The prompts of the latest call, one per request (for debugging and tests)."""
 
     # ------------------------------------------------------------------ progress
 
@@ -169,7 +167,6 @@ class SimulatedSearch:
     ) -> list[SearchResult]:
         """Like :meth:`search`; ``qualities`` forces each request's quality (``zsearch search``)."""
         if not requests:
-            self.last_prompts = []
             return []
         cfg = self.config
         if topk < 1:
@@ -187,7 +184,6 @@ class SimulatedSearch:
                                                      r.query, topk))
             except ValueError as err:
                 raise ZsearchError(f"row {r.row_id!r}: simulated search: {err}") from None
-        self.last_prompts = list(prompts)
         docs: list[list[str] | None] = [None] * len(requests)
         owner: dict[tuple[str, str, str], int] = {}  # key -> the request generating it this call
         todo: list[int] = []

@@ -2,6 +2,11 @@
 
 The key comes from the ``SERPAPI_API_KEY`` environment variable. Each result becomes a
 Passage with the page title and snippet; the id is the result's link.
+
+SerpAPI takes the key as a query parameter, so it is in every request URL, and ``requests``
+puts that URL into its exception messages. Every message that leaves this module goes
+through :func:`zsearch_cli.errors.redact` with the key itself as an extra secret. Each
+request has a total deadline (``timeout``) and bounded retries.
 """
 
 from __future__ import annotations
@@ -10,9 +15,8 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
-import requests
-
-from zsearch_cli.errors import ZsearchError
+from zsearch_cli import net
+from zsearch_cli.errors import ZsearchError, redact
 from zsearch_cli.retrieval.base import Passage
 from zsearch_cli.retry import PermanentError, with_retries
 from zsearch_cli.search.base import SearchBackendError, SearchRequest, SearchResult
@@ -36,20 +40,27 @@ class SerpAPISearch:
             raise ZsearchError("serpapi search needs an API key: set the SERPAPI_API_KEY environment variable")
         self.base_url, self.timeout, self.retries, self.backoff = base_url, timeout, retries, backoff
         self.concurrency, self.engine = concurrency, engine
-        self.session = requests.Session()
+        self.session = net.session()
         self.name = f"serpapi:{engine}"
+
+    def _redact(self, text: str) -> str:
+        return redact(str(text).replace(self.api_key, "***"))
 
     def _one(self, query: str, topk: int) -> list[Passage]:
         def call() -> list[Passage]:
-            resp = self.session.get(
-                self.base_url,
-                params={"engine": self.engine, "q": query, "num": topk, "api_key": self.api_key},
-                timeout=self.timeout,
-            )
+            try:
+                resp = net.request(self.session, "GET", self.base_url, deadline=self.timeout,
+                                   params={"engine": self.engine, "q": query, "num": topk, "api_key": self.api_key})
+            except Exception as err:  # noqa: BLE001 - its message holds the URL, so the key: retried, redacted
+                raise RuntimeError(self._redact(f"{type(err).__name__}: {err}")) from None
             if 400 <= resp.status_code < 500 and resp.status_code != 429:
-                raise PermanentError(f"HTTP {resp.status_code}: {resp.text[:200]}")
-            resp.raise_for_status()
-            results = resp.json().get("organic_results") or []
+                raise PermanentError(self._redact(f"HTTP {resp.status_code}: {resp.text[:200]}"))
+            if resp.status_code >= 400:
+                raise RuntimeError(self._redact(f"HTTP {resp.status_code}: {resp.text[:200]}"))
+            try:
+                results = resp.json().get("organic_results") or []
+            except (ValueError, AttributeError):
+                raise PermanentError(self._redact(f"not a SerpAPI JSON answer: {resp.text[:200]!r}")) from None
             return [
                 Passage(id=str(r.get("link", "")), title=str(r.get("title", "")), text=str(r.get("snippet", "")))
                 for r in results[:topk]

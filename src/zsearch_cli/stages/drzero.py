@@ -1,4 +1,4 @@
-"""``zsearch drzero``: Dr. Zero's self-evolution loop (§3.4, Appendix A; FORMULAS §5).
+"""``zsearch drzero``: Dr. Zero's self-evolution loop (§3.4, Appendix A; docs/methods.md §5.4).
 
 Each iteration i runs four sub-steps, every one an existing stage called as a library:
 

@@ -8,10 +8,19 @@ Methods, the baselines the papers report:
 
 No example is ever dropped (Search-R1's ``drop_last`` loses the tail of the test set),
 and a re-run skips the examples already scored, so an interrupted eval resumes.
+
+Datasets are keyed by :func:`zsearch_cli.data.qa.dataset_key` (``nq/test`` for a FlashRAG
+file under ``--data-dir``, else the file's path), written under OUT/KEY/ (:func:`dataset_dir`
+keeps every write inside ``--out``); two inputs with one key are an error. Rows already in
+OUT are reused only when every option that changes a result and the protocol
+(:mod:`zsearch_cli.protocol`: model weights, corpus, retriever, prompt, metric, QA file) equal
+the saved ones; otherwise the run is refused in one line naming what differs.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -22,8 +31,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from zsearch_cli.data.demo import demo_qa
-from zsearch_cli.data.qa import BENCHMARK_SPLITS, find_dataset_file, load_qa, resolve_datasets
+from zsearch_cli.data.qa import BENCHMARK_SPLITS, dataset_key, find_dataset_file, load_qa, resolve_datasets
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.protocol import METRIC_VERSION, RESUME_FIELDS, Protocol, build_protocol, differing, file_fingerprint
 from zsearch_cli.rewards import score_answer
 from zsearch_cli.schemas import (
     EVAL_EXAMPLE,
@@ -31,6 +41,7 @@ from zsearch_cli.schemas import (
     PREDICTIONS,
     file_kind,
     read_artifact,
+    read_metadata,
     read_parquet,
     rows_to_table,
     validate,
@@ -93,20 +104,61 @@ class EvalOptions:
     device: str = "auto"
 
 
-def dataset_files(spec: str, data_dir: Path, download: bool = False) -> list[tuple[str, Path]]:
-    """(name, file) pairs for ``--datasets``."""
-    out: list[tuple[str, Path]] = []
+EVAL_RESUME_MAY_CHANGE = {"datasets", "data_dir", "download", "out", "limit", "batch_size", "device", "backend",
+                          "predictions", "qa"}
+"""Options that may differ between an eval and the run whose rows it reuses: which rows are
+asked for, where files are, and how the same computation is batched or placed. Everything
+else (and the protocol: weights, corpus, prompt, metric, QA file) must be equal."""
+
+
+@dataclass(frozen=True)
+class DatasetInput:
+    key: str
+    """Unique and readable: ``nq/test``, ``demo``, or the file's path (see data/qa.py dataset_key)."""
+    split: str | None
+    path: Path
+
+
+def dataset_files(spec: str, data_dir: Path, download: bool = False) -> list[DatasetInput]:
+    """The QA files ``--datasets`` names, with their keys; two inputs with one key are an error."""
+    out: list[DatasetInput] = []
     for name in (["demo"] if spec.strip() == "demo" else resolve_datasets(spec)):
         if name == "demo":
-            out.append(("demo", demo_qa("test")))
-        elif Path(name).suffix in (".jsonl", ".parquet", ".gz") or Path(name).is_file():
-            out.append((Path(name).name.split(".")[0], Path(name)))
-        elif name in BENCHMARK_SPLITS:
-            out.append((name, find_dataset_file(name, BENCHMARK_SPLITS[name], data_dir, download)))
+            out.append(DatasetInput("demo", "test", demo_qa("test")))
+        elif name in BENCHMARK_SPLITS and not Path(name).is_file():
+            path = find_dataset_file(name, BENCHMARK_SPLITS[name], data_dir, download)
+            key, split = dataset_key(path, data_dir)
+            out.append(DatasetInput(key, split or BENCHMARK_SPLITS[name], path))
+        elif name.lower().endswith((".jsonl", ".parquet", ".gz", ".json")) or Path(name).is_file():
+            out.append(DatasetInput(*dataset_key(Path(name), data_dir), Path(name)))
         else:
             known = ", ".join(["demo", "all", *BENCHMARK_SPLITS])
             raise ZsearchError(f"unknown dataset {name!r}: use one of {known}, or a QA file path")
+    seen: dict[str, Path] = {}
+    for d in out:
+        if d.key in seen:
+            raise ZsearchError(f"--datasets: {seen[d.key]} and {d.path} both map to dataset key {d.key!r}; "
+                               "pass each dataset once (or give one of them as a path outside --data-dir)")
+        seen[d.key] = d.path
     return out
+
+
+def dataset_dir(out: Path, key: str) -> Path:
+    """OUT/KEY as nested folders, never outside ``out``: each part of the key is escaped
+    (``%`` -> ``%25``, a leading ``.`` -> ``%2E``, the empty root of an absolute path ->
+    ``%2F``), which is one-to-one, so distinct keys get distinct folders."""
+    parts = []
+    for part in key.split("/"):
+        part = part.replace("%", "%25")
+        if part == "":
+            part = "%2F"
+        elif part.startswith("."):
+            part = "%2E" + part[1:]
+        parts.append(part)
+    path = Path(out).joinpath(*parts)
+    if not Path(os.path.abspath(path)).is_relative_to(Path(os.path.abspath(out))):  # defensive: cannot happen
+        raise ZsearchError(f"dataset key {key!r} would be written outside --out {out}")
+    return path
 
 
 def _example_rows(dataset: str, method: str, trajs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -123,12 +175,12 @@ def _example_rows(dataset: str, method: str, trajs: Sequence[dict[str, Any]]) ->
     return rows
 
 
-def summarize(examples: pa.Table, dataset: str, method: str, model: str) -> dict[str, Any]:
+def summarize(examples: pa.Table, dataset: str, method: str, model: str, missing: int = 0) -> dict[str, Any]:
     d = examples.to_pydict()
     n = len(d["id"])
     mean = lambda xs: float(sum(xs) / n) if n else 0.0  # noqa: E731
     return {
-        "dataset": dataset, "method": method, "model": model, "n": n,
+        "dataset": dataset, "method": method, "model": model, "n": n, "missing": missing,
         "em": mean(d["em"]), "f1": mean(d["f1"]), "subem": mean(d["subem"]),
         "answered": mean([p is not None for p in d["prediction"]]),
         "avg_searches": mean(d["searches"]), "avg_turns": mean(d["turns"]), "avg_tokens": mean(d["tokens"]),
@@ -185,20 +237,54 @@ def _single_turn_prompts(method: str, rows, search, topk: int) -> None:
             r.prompt = RAG_PROMPT.format(documents=docs, question=r.question)
 
 
+def _method_template(method: str) -> str | None:
+    return {"direct": DIRECT_PROMPT, "cot": COT_PROMPT, "rag": RAG_PROMPT}.get(method)
+
+
+def eval_protocol(opts: EvalOptions, d: DatasetInput, qa_rows: int) -> Protocol:
+    return build_protocol(dataclasses.asdict(opts), dataset=d.key, dataset_fingerprint=file_fingerprint(d.path),
+                          split=d.split, limit=opts.limit, full_set=opts.limit is None or opts.limit >= qa_rows,
+                          method=opts.method, template=_method_template(opts.method))
+
+
+def check_reusable(path: Path, config: dict[str, Any], protocol: Protocol) -> None:
+    """Refuse, in one line naming the differences, to reuse rows ``path`` holds from a run
+    whose result-changing options or protocol differ (the rule ``train --resume`` follows)."""
+    meta = read_metadata(path)
+    if "protocol" not in meta:
+        raise ZsearchError(f"{path}: holds rows of an eval whose protocol was not recorded (an older zsearch); "
+                           "choose another --out, or delete that file to score again")
+    now = protocol.as_dict()
+    changed = differing(meta.get("config", {}), config, EVAL_RESUME_MAY_CHANGE)
+    # options already compared above (model, topk, seed, ...) are not listed twice
+    changed += differing(meta["protocol"], {k: now[k] for k in RESUME_FIELDS}, set(config))
+    if changed:
+        raise ZsearchError(f"{path}: holds rows of another eval ({', '.join(changed)}); rows are reused only "
+                           "when every option that changes a result is equal: choose another --out, or delete "
+                           "that file to score again")
+
+
 def evaluate(opts: EvalOptions, config: dict[str, Any]) -> list[dict[str, Any]]:
-    """Run every dataset, resuming from earlier partial outputs; returns the summaries."""
+    """Run every dataset, resuming from earlier partial outputs of the same protocol;
+    returns the summaries (each with its protocol columns)."""
     from zsearch_cli.rollout.engine import QARow
 
     if opts.method not in METHODS:
         raise ZsearchError(f"unknown --method {opts.method!r}: use one of {', '.join(METHODS)}")
     files = dataset_files(opts.datasets, opts.data_dir, opts.download)
-    qa_tables = [(name, load_qa(path)) for name, path in files]  # validate everything before loading a model
+    qa_tables = [(d, load_qa(d.path)) for d in files]  # validate everything before loading a model
+    protocols = {d.key: eval_protocol(opts, d, qa.num_rows) for d, qa in qa_tables}
+    for d, _ in qa_tables:
+        existing = dataset_dir(opts.out, d.key) / f"{opts.method}.examples.parquet"
+        if existing.exists():
+            check_reusable(existing, config, protocols[d.key])
     engine, search = _build_engine(opts)
     summaries = []
-    for name, qa in qa_tables:
+    for d, qa in qa_tables:
+        name, protocol = d.key, protocols[d.key]
         if opts.limit is not None:
             qa = qa.slice(0, opts.limit)
-        out_examples = opts.out / name / f"{opts.method}.examples.parquet"
+        out_examples = dataset_dir(opts.out, name) / f"{opts.method}.examples.parquet"
         done_rows: list[dict[str, Any]] = []
         if out_examples.exists():
             done_rows = read_artifact(out_examples, EVAL_EXAMPLE).to_pylist()
@@ -214,14 +300,20 @@ def evaluate(opts: EvalOptions, config: dict[str, Any]) -> list[dict[str, Any]]:
                 _single_turn_prompts(opts.method, batch, search, opts.topk)
                 trajs = engine.rollout(batch, group_size=1, on_row_done=lambda n: bar.advance(task, n))
                 done_rows += _example_rows(name, opts.method, trajs)
-                write_artifact(done_rows, out_examples, EVAL_EXAMPLE, config)  # after every batch: resumable
-        examples = rows_to_table(done_rows, EVAL_EXAMPLE, out_examples) if done_rows else None
-        if examples is None:
+                # after every batch: resumable
+                write_artifact(done_rows, out_examples, EVAL_EXAMPLE, config, protocol.as_dict())
+        # The summary is of exactly the rows asked for now (an earlier, larger --limit may
+        # have scored more), in the QA file's order.
+        by_id = {r["id"]: r for r in done_rows}
+        rows = [by_id[i] for i in qa.column("id").to_pylist()]
+        if not rows:
             continue
-        summary = summarize(examples, name, opts.method, opts.model)
-        write_artifact([summary], opts.out / name / f"{opts.method}.summary.parquet", EVAL_SUMMARY, config)
+        examples = rows_to_table(rows, EVAL_EXAMPLE, out_examples)
+        summary = {**summarize(examples, name, opts.method, opts.model), **protocol.as_dict()}
+        write_artifact([summary], out_examples.with_name(f"{opts.method}.summary.parquet"), EVAL_SUMMARY, config,
+                       protocol.as_dict())
         summaries.append(summary)
-    print_summaries(summaries)
+    print_summaries(summaries, [protocols[s["dataset"]] for s in summaries])
     plot_em(opts.out)
     return summaries
 
@@ -229,50 +321,87 @@ def evaluate(opts: EvalOptions, config: dict[str, Any]) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- predictions files
 
 
+def predictions_protocol(path: Path, key: str, qa_path: Path | None) -> Protocol:
+    """What is known about another system's predictions: the metric and the dataset; the
+    rest (model, retriever, decoding) is not, and is recorded as unknown (null)."""
+    return Protocol(model="-", model_revision=None, adapter=None, corpus_fingerprint=None, corpus_size=None,
+                    retriever="unknown", bm25_k1=None, bm25_b=None, bm25_analyzer=None, encoder=None, topk=None,
+                    max_turns=None, max_turn_tokens=None, max_obs_tokens=None, prompt="unknown",
+                    metric_version=METRIC_VERSION, decoding="unknown", temperature=None, top_p=None, seed=None,
+                    dataset=key, dataset_fingerprint=file_fingerprint(path, *([qa_path] if qa_path else [])),
+                    split=None, limit=None, full_set=True)
+
+
 def score_predictions(path: Path, qa_path: Path | None, out: Path, config: dict[str, Any]) -> dict[str, Any]:
     """Score another system's predictions: FILE has id + prediction (+ golden_answers),
-    or golds come from a QA file joined by id."""
+    or golds come from a QA file joined by id. With a QA file, every question it holds
+    counts: one without a prediction scores 0 and is counted as ``missing``."""
     if file_kind(path) == "parquet":
         preds = validate(read_parquet(path), PREDICTIONS, path)
     else:
         preds = read_artifact(path, PREDICTIONS)
+    key = dataset_key(path, None)[0]
     golds: dict[str, list[str]] = {}
+    questions: dict[str, str] = {}
     if qa_path is not None:
         qa = load_qa(qa_path)
         golds = dict(zip(qa.column("id").to_pylist(), qa.column("golden_answers").to_pylist()))
         questions = dict(zip(qa.column("id").to_pylist(), qa.column("question").to_pylist()))
+
+    def row(id_: str, prediction: str | None, gold: list[str]) -> dict[str, Any]:
+        s = score_answer(prediction, gold)
+        return {"dataset": key, "method": "predictions", "id": id_, "question": questions.get(id_, ""),
+                "golden_answers": gold, "prediction": prediction, "em": s["em"], "f1": s["f1"], "subem": s["subem"],
+                "searches": 0, "turns": 0, "tokens": 0, "finish_reason": "", "trajectory": "", "turn_log": "[]"}
+
     rows = []
     for i, r in enumerate(preds.to_pylist()):
         gold = r["golden_answers"] if r["golden_answers"] is not None else golds.get(r["id"])
         if gold is None:
             where = f"not in {qa_path}" if qa_path else "and no --qa file was given to join golds from"
             raise ZsearchError(f"{path}: row {i}: id {r['id']!r} has no golden_answers ({where})")
-        s = score_answer(r["prediction"], gold)
-        rows.append({"dataset": path.stem, "method": "predictions", "id": r["id"],
-                     "question": questions.get(r["id"], "") if qa_path else "", "golden_answers": gold,
-                     "prediction": r["prediction"], "em": s["em"], "f1": s["f1"], "subem": s["subem"],
-                     "searches": 0, "turns": 0, "tokens": 0, "finish_reason": "", "trajectory": "", "turn_log": "[]"})
+        rows.append(row(r["id"], r["prediction"], gold))
+    predicted = set(preds.column("id").to_pylist())
+    missing = [row(id_, None, gold) for id_, gold in golds.items() if id_ not in predicted]
+    rows += missing
+    protocol = predictions_protocol(path, key, qa_path)
     examples = rows_to_table(rows, EVAL_EXAMPLE, path)
-    write_artifact(examples, out / path.stem / "predictions.examples.parquet", EVAL_EXAMPLE, config)
-    summary = summarize(examples, path.stem, "predictions", "-")
-    write_artifact([summary], out / path.stem / "predictions.summary.parquet", EVAL_SUMMARY, config)
-    print_summaries([summary])
+    folder = dataset_dir(out, key)
+    write_artifact(examples, folder / "predictions.examples.parquet", EVAL_EXAMPLE, config, protocol.as_dict())
+    summary = {**summarize(examples, key, "predictions", "-", missing=len(missing)), **protocol.as_dict()}
+    write_artifact([summary], folder / "predictions.summary.parquet", EVAL_SUMMARY, config, protocol.as_dict())
+    print_summaries([summary], [protocol])
     return summary
 
 
 # ----------------------------------------------------------------------------- reporting
 
 
-def print_summaries(summaries: Sequence[dict[str, Any]]) -> None:
+def print_summaries(summaries: Sequence[dict[str, Any]], protocols: Sequence[Protocol] = ()) -> None:
+    """The table, then one protocol line per distinct protocol (a subset is marked in n)."""
     if not summaries:
         return
     table = Table(title="zsearch eval")
-    for col in ("dataset", "method", "n", "EM", "F1", "subEM", "answered", "searches", "turns"):
-        table.add_column(col, justify="left" if col in ("dataset", "method") else "right")
+    for col in ("dataset", "method", "n", "missing", "EM", "F1", "subEM", "answered", "searches", "turns"):
+        # fold, never cut with an ellipsis: a dataset key must stay readable in a narrow terminal
+        table.add_column(col, justify="left" if col in ("dataset", "method") else "right", overflow="fold")
     for s in summaries:
-        table.add_row(s["dataset"], s["method"], str(s["n"]), f"{s['em']:.3f}", f"{s['f1']:.3f}",
+        n = f"{s['n']}" + ("" if s.get("full_set", True) else f" (--limit {s.get('limit')})")
+        table.add_row(s["dataset"], s["method"], n, str(s.get("missing", 0)), f"{s['em']:.3f}", f"{s['f1']:.3f}",
                       f"{s['subem']:.3f}", f"{s['answered']:.2f}", f"{s['avg_searches']:.2f}", f"{s['avg_turns']:.2f}")
-    Console().print(table)
+    stdout = Console(soft_wrap=True)
+    stdout.print(table)
+    lines = []
+    for p in protocols:
+        if p.decoding == "unknown":
+            line = (f"protocol: predictions scored with metric {p.metric_version}; model, retriever and decoding "
+                    "unknown (another system's output)")
+        else:
+            line = p.one_line()
+        if line not in lines:
+            lines.append(line)
+    for line in lines:
+        stdout.print(line, markup=False, highlight=False)
 
 
 def plot_em(out: Path) -> Path | None:
@@ -282,7 +411,7 @@ def plot_em(out: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [read_artifact(p, EVAL_SUMMARY).to_pylist()[0] for p in sorted(out.glob("*/*.summary.parquet"))]
+    rows = [read_artifact(p, EVAL_SUMMARY).to_pylist()[0] for p in sorted(out.rglob("*.summary.parquet"))]
     if not rows:
         return None
     datasets = sorted({r["dataset"] for r in rows})
@@ -292,10 +421,14 @@ def plot_em(out: Path) -> Path | None:
     for j, m in enumerate(methods):
         em = {r["dataset"]: r["em"] for r in rows if r["method"] == m}
         xs = [i + j * width for i in range(len(datasets))]
-        ax.bar(xs, [em.get(d, 0.0) for d in datasets], width=width, label=m)
+        color = f"C{j % 10}"
+        # The edge draws a zero-height bar as a line at 0: an all-zero result shows its bars.
+        bars = ax.bar(xs, [em.get(d, 0.0) for d in datasets], width=width, label=m, color=color,
+                      edgecolor=color, linewidth=2)
+        ax.bar_label(bars, labels=[f"{em[d]:.3f}" if d in em else "" for d in datasets], fontsize=8, padding=2)
     ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(datasets))], datasets)
     ax.set_ylabel("EM")
-    ax.set_ylim(0, 1)
+    ax.set_ylim(0, 1.1)  # room for the value labels above a bar at 1.0
     ax.legend()
     fig.tight_layout()
     path = out / "em.png"

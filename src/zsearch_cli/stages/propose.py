@@ -1,4 +1,4 @@
-"""Dr. Zero's proposer (§3.2–3.4, FORMULAS §5): seed passages, hop draws, proposer
+"""Dr. Zero's proposer (§3.2–3.4; docs/methods.md §5): seed passages, hop draws, proposer
 rollouts, and the difficulty reward measured by solver rollouts.
 
 A proposer prompt starts from one corpus passage (truncated to 256 tokens) and asks for an
@@ -24,7 +24,7 @@ import numpy as np
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.prompts import format_source_document, render_proposer_prompt
 from zsearch_cli.retrieval.base import Passage
-from zsearch_cli.rewards import em, extract_question_answer, proposer_format_reward, proposer_reward
+from zsearch_cli.rewards import em, extract_question_answer, policy_turns, proposer_format_reward, proposer_reward
 from zsearch_cli.rollout.engine import QARow, RolloutEngine
 
 HOPS = (1, 2, 3, 4)
@@ -43,7 +43,7 @@ def parse_hop_ratio(spec: str) -> np.ndarray:
 
 
 def draw_hops(n: int, ratio: str, seed: int) -> list[int]:
-    """``n`` hop counts in ``ratio`` from a generator seeded by ``seed`` alone (the anchor
+    """``n`` hop counts in ``ratio`` from a generator seeded by ``seed`` alone (Dr. Zero's code
     draws them unseeded, so its runs cannot be repeated)."""
     rng = np.random.default_rng([seed, 0x40B5])
     return [int(h) for h in rng.choice(HOPS, size=n, p=parse_hop_ratio(ratio))]
@@ -103,8 +103,9 @@ def score_proposals(
     scored: list[dict[str, Any]] = []
     to_solve: list[tuple[int, QARow]] = []
     for i, (traj, prompt) in enumerate(zip(proposals, prompts)):
-        question, answer = extract_question_answer(traj["response_text"])
-        fmt = proposer_format_reward(traj["response_text"], prompt.hops)
+        turns = policy_turns(traj)  # the engine's observation spans left out, not a text search
+        question, answer = extract_question_answer(turns)
+        fmt = proposer_format_reward(turns, prompt.hops)
         scored.append({"question": question, "answer": answer, "fmt": fmt, "k": 0, "solver_answers": [],
                        "reward": 0.0, "hops": prompt.hops, "source_id": prompt.source.id})
         if fmt["integrity"]:
@@ -142,11 +143,11 @@ def qa_rows(scored: Sequence[dict[str, Any]], prompts: Sequence[ProposerPrompt],
 
 def best_of(trajs: Sequence[dict[str, Any]], prompts: Sequence[ProposerPrompt], m: int) -> list[dict[str, Any]]:
     """For each prompt, the sample (of ``m``, row-major) with the highest format score that
-    passes the integrity gate, else the first sample; as the anchor's generation does."""
+    passes the integrity gate, else the first sample; as Dr. Zero's generation code does."""
     best = []
     for i, prompt in enumerate(prompts):
         group = trajs[i * m : (i + 1) * m]
-        formats = [proposer_format_reward(t["response_text"], prompt.hops) for t in group]
+        formats = [proposer_format_reward(policy_turns(t), prompt.hops) for t in group]
         order = sorted(range(m), key=lambda j: (not formats[j]["integrity"], -formats[j]["total"], j))
         best.append(group[order[0]])
     return best
@@ -171,7 +172,7 @@ class GenerateOptions:
     search: str = "bm25"
     num_questions: int = 64
     samples: int = 4
-    """m proposer samples per prompt; the best by format score is kept (as the anchor does)."""
+    """m proposer samples per prompt; the best by format score is kept (as Dr. Zero's code does)."""
     solver_samples: int = 5
     """n solver answers per question (the difficulty reward's n)."""
     hop_ratio: str = "4:3:2:1"

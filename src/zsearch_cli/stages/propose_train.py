@@ -1,4 +1,4 @@
-"""``zsearch propose`` training mode: HRPO on the Dr. Zero proposer (§3.2, FORMULAS §4–5).
+"""``zsearch propose`` training mode: HRPO on the Dr. Zero proposer (§3.2; docs/methods.md §4.7).
 
 Not a second trainer: the one RL loop (:class:`~zsearch_cli.train.trainer.Trainer`) runs
 ``--algo hrpo`` with two stage-specific parts plugged in:

@@ -15,6 +15,21 @@ Writes are atomic: everything goes into a hidden temp folder that is renamed to
 (a stale ``.step-N.tmp-*`` folder is ignored and removed by the next save). Only the newest
 ``keep`` checkpoints are kept.
 
+**Completeness.** The last file written is ``zsearch-manifest.json``: every other file's size, and
+the SHA-256 of each pickle (``*.pt``), with an HMAC of the whole made with a per-user key
+(``$ZSEARCH_CACHE/checkpoint.key``). A folder is *complete* when its manifest is there and
+every file it lists has its recorded size (safetensors files are also checked to be whole
+from their own header). ``--resume`` takes the newest complete checkpoint and says which
+newer ones it skipped and why; with none complete it stops with one line naming the file.
+A checkpoint written before manifests existed counts as complete when its required files
+are there and its safetensors are whole.
+
+**Loading.** Everything is read with safetensors or ``torch.load(weights_only=True)``,
+except DeepSpeed's ZeRO partitions: they hold DeepSpeed objects (its loss scaler), which
+``weights_only`` refuses. Those are unpickled fully only when the file's SHA-256 matches a
+manifest whose HMAC verifies with this user's key, i.e. a file a zsearch run of this user
+wrote. A checkpoint from elsewhere under DeepSpeed is refused with one line.
+
 Several processes (``accelerate launch``): every process calls :func:`save_checkpoint`,
 because under FSDP and DeepSpeed ZeRO-3 each holds only a shard of the weights and of the
 optimizer state, and gathering them is a collective; the main process alone writes, and all
@@ -43,33 +58,65 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.train.integrity import (MANIFEST, _first_line, checkpoint_problem, load_pickle,  # noqa: F401
+                                         trusted_pickle, write_manifest)
 
 STATE_FILE = "trainer_state.json"
 RANKS_FILE = "ranks.pt"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
-def checkpoints(out: Path) -> list[tuple[int, Path]]:
-    """Complete checkpoints under OUT/checkpoints, oldest first."""
+def _step_dirs(out: Path) -> list[tuple[int, Path]]:
+    """Every ``step-N`` folder under OUT/checkpoints, complete or not, oldest first."""
     root = Path(out) / "checkpoints"
     found = []
     if root.is_dir():
         for p in root.iterdir():
             m = _STEP_DIR.match(p.name)
-            if m and (p / STATE_FILE).is_file():
+            if m and p.is_dir():
                 found.append((int(m.group(1)), p))
     return sorted(found)
 
 
-def latest_checkpoint(out: Path) -> Path | None:
-    found = checkpoints(out)
-    return found[-1][1] if found else None
+def checkpoints(out: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints under OUT/checkpoints, oldest first. Pruning to ``keep`` counts
+    these only, so a damaged newer folder never pushes the last good one out."""
+    return [(n, p) for n, p in _step_dirs(out) if checkpoint_problem(p) is None]
+
+
+def latest_checkpoint(out: Path, note: Callable[[str], None] | None = None) -> Path | None:
+    """The newest *complete* checkpoint under OUT/checkpoints (see the module docstring).
+
+    Newer incomplete ones are skipped, and ``note`` (default: a yellow line on stderr from
+    the main process) says which and why. None when there are no checkpoints; a
+    :class:`ZsearchError` naming the damaged file when there are some but none is complete."""
+    found = _step_dirs(out)
+    skipped: list[str] = []
+    for _, path in reversed(found):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            if skipped:
+                (note or _note)(f"--resume: skipping {'; '.join(skipped)}; using {path.name}, the newest complete "
+                                "checkpoint")
+            return path
+        skipped.append(f"{path.name} ({problem})")
+    if found:
+        raise ZsearchError(f"{found[-1][1]}: {checkpoint_problem(found[-1][1])}; no complete checkpoint in "
+                           f"{Path(out) / 'checkpoints'} to resume from (move the damaged ones away to start over)")
+    return None
+
+
+def _note(text: str) -> None:
+    if os.environ.get("RANK", "0") == "0":
+        from rich.console import Console
+
+        Console(stderr=True).print(f"[yellow]{text}[/]", soft_wrap=True, highlight=False)
 
 
 def rng_state() -> tuple[dict[str, Any], dict[str, Any]]:
@@ -95,12 +142,16 @@ def set_rng_state(json_part: dict[str, Any], torch_part: dict[str, Any]) -> None
 
 
 def atomic_dir(target: Path, write: Any) -> Path:
-    """Call ``write(tmp_dir)`` then rename ``tmp_dir`` to ``target`` (replacing it)."""
+    """Call ``write(tmp_dir)``, write its :data:`MANIFEST` last, then rename ``tmp_dir`` to
+    ``target`` (replacing it). The folder gets the mode a ``mkdir`` would (the umask's)."""
+    from zsearch_cli.files import umask_mode
+
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         write(tmp)
-        tmp.chmod(0o755)
+        write_manifest(tmp)
+        tmp.chmod(umask_mode(0o777))
         if target.exists():
             shutil.rmtree(target)
         os.rename(tmp, target)
@@ -187,7 +238,7 @@ def load_optimizer_state(acc: Any, model: Any, optimizer: Any, path: Path) -> No
     """Load what :func:`full_optimizer_state` saved: under FSDP every process reads the full
     state and keeps its own shard; under DeepSpeed each takes its own ZeRO partition."""
     kind = distribution(acc)
-    state = torch.load(path, weights_only=kind != "deepspeed")  # ZeRO partitions hold DeepSpeed objects
+    state = load_pickle(path, trusted_objects=kind == "deepspeed")  # ZeRO partitions hold DeepSpeed objects
     if kind == "fsdp":
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
@@ -213,13 +264,13 @@ def restore_process_state(acc: Any, path: Path, state: dict[str, Any], data: Any
     when the number of processes changed (then every process takes process 0's)."""
     ranks_file = path / RANKS_FILE
     if ranks_file.is_file():
-        ranks = torch.load(ranks_file, weights_only=True)  # python/numpy states were made plain lists
+        ranks = load_pickle(ranks_file)  # python/numpy states were made plain lists
         if len(ranks) == acc.num_processes:
             mine = ranks[acc.process_index]
             set_rng_state(mine["rng"], mine["torch_rng"])
             data.load_state(mine["data"])
             return None
-    set_rng_state(state["rng"], torch.load(path / "rng.pt", weights_only=True))
+    set_rng_state(state["rng"], load_pickle(path / "rng.pt"))
     data.load_state(state["data"])
     saved = state.get("num_processes", 1)
     if saved != acc.num_processes:
@@ -299,7 +350,10 @@ def save_checkpoint(trainer: Any, completed: int) -> Path:
 
 
 def read_state(path: Path) -> dict[str, Any]:
-    return json.loads((path / STATE_FILE).read_text())
+    try:
+        return json.loads((path / STATE_FILE).read_text())
+    except (OSError, ValueError) as err:
+        raise ZsearchError(f"{path / STATE_FILE}: unreadable ({_first_line(err)}); the checkpoint is damaged") from None
 
 
 def check_resumable(path: Path, acc: Any) -> None:
@@ -322,10 +376,10 @@ def load_training_state(trainer: Any, path: Path) -> dict[str, Any]:
     state = read_state(path)
     acc = trainer.accelerator
     load_optimizer_state(acc, trainer.policy, trainer.optimizer, path / "optimizer.pt")
-    trainer.scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
+    trainer.scheduler.load_state_dict(load_pickle(path / "scheduler.pt"))
     if trainer.critic is not None:
         load_optimizer_state(acc, trainer.critic, trainer.critic_optimizer, path / "critic_optimizer.pt")
-        trainer.critic_scheduler.load_state_dict(torch.load(path / "critic_scheduler.pt", weights_only=True))
+        trainer.critic_scheduler.load_state_dict(load_pickle(path / "critic_scheduler.pt"))
     note = restore_process_state(acc, path, state, trainer.data)
     if note and acc.is_main_process:
         trainer.console.print(f"[yellow]{note}[/]", soft_wrap=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from zsearch_cli.rewards import extract_answer, outcome_reward, score_answer
+from zsearch_cli.rewards import extract_answer, outcome_reward, policy_turns, score_answer
 from zsearch_cli.rollout.engine import RolloutEngine
 from zsearch_cli.train.data import TrainData
 
@@ -58,11 +58,12 @@ def score(trajs: list[dict[str, Any]], metric: str, protocol: str, format_bonus:
           reward_fn: RewardFn | None = None) -> None:
     """Add ``em``/``f1``/``subem`` (of the last ``<answer>`` in the response) and ``reward``."""
     for t in trajs:
-        t.update(score_answer(extract_answer(t["response_text"]), t["golden_answers"]))
+        turns = policy_turns(t)  # the model's own text: the engine's observation spans left out
+        t.update(score_answer(extract_answer(turns), t["golden_answers"]))
         if reward_fn is not None:
             t["reward"] = float(reward_fn(t))
         else:
-            t["reward"] = outcome_reward(t["response_text"], t["golden_answers"], metric, protocol, format_bonus)
+            t["reward"] = outcome_reward(turns, t["golden_answers"], metric, protocol, format_bonus)
 
 
 def collect(

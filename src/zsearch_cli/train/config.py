@@ -99,8 +99,9 @@ class TrainConfig:
     """Recompute activations in the backward pass (less memory, ~30% slower updates)."""
 
     # ---- reward
-    reward: str = "em"
-    """Outcome reward: em (Search-R1), f1 (ZeroSearch) or subem (DSPO)."""
+    reward: str | None = None
+    """Outcome reward: em, f1 or subem; None = the algorithm's paper metric (ppo/grpo: em as
+    in Search-R1; reinforce: f1 as in ZeroSearch; dspo and its gspo/token ablations: subem)."""
     format_bonus: float = 0.0
     """Add this when the response is well formed (rewards.format_reward); 0 as in the papers."""
 
@@ -132,7 +133,7 @@ class TrainConfig:
     dtype: str = "auto"
     """auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16."""
 
-    # ---- ZeroSearch's simulated search (only with --search sim:MODEL / sim+http://…; FORMULAS §3)
+    # ---- ZeroSearch's simulated search (sim:MODEL / sim+http://… only; docs/methods.md §3)
     noise_start: float | None = None
     """p_s of the noise curriculum; None = the spec's ``noise_start=`` or the simulator's 0."""
     noise_end: float | None = None
@@ -222,12 +223,53 @@ def algo_config(cfg: TrainConfig, staged: bool = False) -> Any:
     if "target_groups" in fields:
         values["target_groups"] = cfg.batch_size
     if "reward" in fields:
-        values["reward"] = cfg.reward
+        values["reward"] = cfg.reward or spec.reward
     for key, value in cfg.algo_args.items():
         if key not in fields:
             raise ZsearchError(f"--algo-arg {key}: {cfg.algo} has no such option (it has: {', '.join(fields)})")
         values[key] = value
     return spec.config_cls(**values)
+
+
+RESOLVED_FIELDS = ("lr", "critic_lr", "group_size", "beta", "clip_eps_low", "clip_eps_high", "max_gen_batches")
+"""TrainConfig fields whose ``None`` means "the algorithm's paper default"."""
+
+
+def resolve_config(cfg: TrainConfig, staged: bool = False) -> TrainConfig:
+    """``cfg`` with every "paper default" (``None``) replaced by the value the run uses:
+    the reward metric from the algorithm, and lr, G, β, the clip range and DSPO's budget
+    from its frozen config. What is logged and checkpointed is this, so a metrics file
+    never says ``lr: null``. Idempotent; a field the algorithm lacks (PPO's critic lr
+    under GRPO, clipping under HRPO) stays None."""
+    spec = get_spec(cfg.algo, staged)
+    with_reward = dataclasses.replace(cfg, reward=cfg.reward or spec.reward)
+    acfg = algo_config(with_reward, staged)
+    values = {key: getattr(acfg, key, None) for key in RESOLVED_FIELDS}
+    low, high = values["clip_eps_low"], values["clip_eps_high"]
+    return dataclasses.replace(with_reward, **values, clip_eps=low if low is not None and low == high else None)
+
+
+def resolved_dict(cfg: TrainConfig, num_processes: int = 1) -> dict[str, Any]:
+    """:meth:`TrainConfig.to_dict` of a resolved config, plus the mini-batch actually used:
+    ``mini_batch_size`` None means one optimizer step over a process's whole share of the
+    batch, ``batch_size // num_processes`` prompts × G sequences."""
+    out = cfg.to_dict()
+    if out.get("mini_batch_size") is None and cfg.group_size is not None:
+        out["mini_batch_size"] = cfg.batch_size // max(1, num_processes) * cfg.group_size
+    return out
+
+
+def check_even_shards(batch_size: int, num_processes: int) -> None:
+    """Refuse a batch that the processes cannot share equally, before any model loads.
+
+    Each process rolls out ``rows[rank::world]`` and averages its loss over its own share,
+    and DDP then averages the processes' gradients: with unequal shares that weights the
+    smaller share's samples more (B = 3 on 2 processes: an update ~39% off the one-process
+    one), and with ``--mini-batch-size`` the processes would take different numbers of
+    optimizer steps and fall out of step."""
+    if num_processes > 1 and batch_size % num_processes:
+        raise ZsearchError(f"--batch-size {batch_size} cannot be shared equally by {num_processes} processes "
+                           f"(unequal shares would change the update): use a multiple of {num_processes}")
 
 
 def parse_algo_args(items: list[str] | None) -> dict[str, Any]:
@@ -247,6 +289,7 @@ def check_config(cfg: TrainConfig, staged: bool = False) -> Any:
     """Validate ``cfg`` and return its algorithm config; every problem is one line.
     ``staged`` as in :func:`get_spec`."""
     spec = get_spec(cfg.algo, staged)
+    cfg = resolve_config(cfg, staged)
     acfg = algo_config(cfg, staged)
 
     def need(ok: bool, msg: str) -> None:

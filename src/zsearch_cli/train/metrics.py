@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.protocol import Protocol, training_protocol
 from zsearch_cli.schemas import METRIC_COLUMNS, METRICS, read_artifact, write_artifact
 
 PLOTTED = ("reward_mean", "em", "f1", "kl", "entropy", "clipfrac", "grad_norm", "lr", "response_length",
@@ -62,13 +63,16 @@ def step_metrics(step: int, collected: Any, update: dict[str, float] | None, ext
 
 
 class MetricsLog:
-    """Collects metric rows; ``log`` appends one line to metrics.jsonl and flushes it."""
+    """Collects metric rows; ``log`` appends one line to metrics.jsonl and flushes it.
+    metrics.parquet carries the run's protocol (zsearch_cli/protocol.py) on every row and in
+    its metadata; the jsonl and the trackers get the metrics only."""
 
     def __init__(self, out: Path, config: dict[str, Any], accelerator: Any = None, enabled: bool = True):
         self.out = Path(out)
         self.config = config
         self.accelerator = accelerator
         self.enabled = enabled  # False on non-main processes
+        self.protocol: Protocol | None = training_protocol(config) if enabled else None
         self.rows: list[dict[str, Any]] = []
         self.jsonl = self.out / "metrics.jsonl"
 
@@ -104,7 +108,9 @@ class MetricsLog:
         """OUT/metrics.parquet, atomically (with the run's config in its metadata)."""
         if not self.enabled or not self.rows:
             return None
-        return write_artifact(self.rows, self.out / "metrics.parquet", METRICS, self.config)
+        protocol = self.protocol.as_dict() if self.protocol is not None else None
+        rows = [{**r, **(protocol or {})} for r in self.rows]
+        return write_artifact(rows, self.out / "metrics.parquet", METRICS, self.config, protocol)
 
 
 def load_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -125,6 +131,7 @@ def plot_metrics(run_dir: Path, out: Path | None = None) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     rows = load_metrics(run_dir)
     steps = [r["step"] for r in rows]
@@ -137,6 +144,7 @@ def plot_metrics(run_dir: Path, out: Path | None = None) -> Path:
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 30 else None)
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("step", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(names):]:
         ax.axis("off")

@@ -40,9 +40,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.protocol import differing
 from zsearch_cli.train.checkpoint import (STATE_FILE, atomic_dir, check_sharded_saving, checkpoints,
                                           full_model_state, full_optimizer_state, latest_checkpoint,
-                                          load_optimizer_state, read_state, rng_state, set_rng_state)
+                                          load_optimizer_state, load_pickle, read_state, rng_state,
+                                          set_rng_state)
 from zsearch_cli.train.metrics import MetricsLog
 from zsearch_cli.train.models import load_policy, save_policy
 from zsearch_cli.train.optim import make_optimizer
@@ -212,8 +214,8 @@ class SFTTrainer:
         if resume_dir is not None:
             state = read_state(resume_dir)
             load_optimizer_state(acc, self.policy, self.optimizer, resume_dir / "optimizer.pt")
-            self.scheduler.load_state_dict(torch.load(resume_dir / "scheduler.pt", weights_only=True))
-            set_rng_state(state["rng"], torch.load(resume_dir / "rng.pt", weights_only=True))
+            self.scheduler.load_state_dict(load_pickle(resume_dir / "scheduler.pt"))
+            set_rng_state(state["rng"], load_pickle(resume_dir / "rng.pt"))
             self.start_step = int(state["step"])
             self.metrics.restore(state["metrics"])
             self.console.print(f"resuming from {resume_dir} (step {self.start_step}/{self.total_steps})")
@@ -231,9 +233,7 @@ class SFTTrainer:
         if not cfg.resume:
             raise ZsearchError(f"{cfg.out} already holds checkpoints (latest {latest.name}): "
                                "pass --resume to continue that run, or choose another --out")
-        saved, now = read_state(latest)["config"], cfg.to_dict()
-        changed = [f"{k}={saved.get(k)!r}->{now[k]!r}" for k in now
-                   if k not in RESUME_MAY_CHANGE and saved.get(k) != now[k]]
+        changed = differing(read_state(latest)["config"], cfg.to_dict(), RESUME_MAY_CHANGE)
         if changed:
             raise ZsearchError(f"--resume: options differ from the run in {cfg.out} ({', '.join(changed)}); "
                                "pass the same options or choose another --out")

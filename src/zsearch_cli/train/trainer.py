@@ -26,11 +26,13 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.models.base import logp_tolerance
+from zsearch_cli.protocol import differing
 from zsearch_cli.train.checkpoint import (atomic_dir, check_resumable, check_sharded_saving, distribution,
                                           full_model_state, latest_checkpoint, load_training_state, read_state,
                                           save_checkpoint)
 from zsearch_cli.train.collect import BatchRewardFn, RewardFn, collect
-from zsearch_cli.train.config import TrainConfig, check_config, get_spec, search_options
+from zsearch_cli.train.config import TrainConfig, check_config, check_even_shards, get_spec, resolve_config, resolved_dict, search_options
 from zsearch_cli.train.data import TrainData, load_rows
 from zsearch_cli.train.metrics import MetricsLog, step_metrics
 from zsearch_cli.train.models import (generation_copy, load_critic, load_policy, load_reference,
@@ -43,6 +45,10 @@ RESUME_MAY_CHANGE = {"steps", "save_every", "keep_checkpoints", "resume", "repor
                      "device", "backend", "preset", "val_data", "val_every", "val_limit", "val_search",
                      "val_allow_sim"}
 """Options that may differ between a run and its --resume; any other change is refused."""
+
+SYNC_PROBE = ("Question: who wrote the novel pride and prejudice? <think> I need to search. </think> "
+              "<search> author of pride and prejudice </search> <answer> Jane Austen </answer>")
+"""Text whose logprobs the vLLM engine and the policy must agree on after each weight sync."""
 
 
 class Trainer:
@@ -57,8 +63,9 @@ class Trainer:
 
     def __init__(self, cfg: TrainConfig, *, search: Any = None, reward_fn: RewardFn | None = None,
                  console: Console | None = None, data: Any = None, batch_reward_fn: BatchRewardFn | None = None):
-        self.cfg = cfg
         self.acfg = check_config(cfg, staged=batch_reward_fn is not None)
+        # From here on every "paper default" is the value in use: logged, checkpointed, compared on resume.
+        self.cfg = cfg = resolve_config(cfg, staged=batch_reward_fn is not None)
         self.spec = get_spec(cfg.algo, staged=batch_reward_fn is not None)
         self.reward_fn = reward_fn
         self.batch_reward_fn = batch_reward_fn
@@ -102,7 +109,8 @@ class Trainer:
         self.engine = RolloutEngine(self.generation, PROTOCOLS[cfg.protocol](), self.search, rcfg)
         if self.validator is not None:
             self.validator.attach(self.generation, self.search, self.accelerator, cfg.batch_size * self.acfg.group_size)
-        self.metrics = MetricsLog(Path(cfg.out), cfg.to_dict(), self.accelerator, self.accelerator.is_main_process)
+        self.metrics = MetricsLog(Path(cfg.out), resolved_dict(cfg, self.accelerator.num_processes), self.accelerator,
+                                  self.accelerator.is_main_process)
         self.start_step = 0
         if resume_dir is not None:
             state = load_training_state(self, resume_dir)
@@ -133,6 +141,7 @@ class Trainer:
         except (ImportError, ValueError, RuntimeError) as err:  # e.g. an accelerate config this machine cannot run
             raise ZsearchError(f"accelerate: {err}") from None
         check_sharded_saving(acc)
+        check_even_shards(self.cfg.batch_size, acc.num_processes)
         if distribution(acc) == "deepspeed":
             self._check_deepspeed(acc)
         self._init_tracker(acc)
@@ -159,7 +168,8 @@ class Trainer:
         report_to = self.cfg.report_to
         if report_to == "none":
             return
-        flat = {k: v for k, v in self.cfg.to_dict().items() if isinstance(v, (int, float, str, bool))}
+        hparams = resolved_dict(self.cfg, acc.num_processes)
+        flat = {k: v for k, v in hparams.items() if isinstance(v, (int, float, str, bool))}
         try:
             acc.init_trackers("zsearch", config=flat)
         except (ImportError, ValueError, RuntimeError) as err:
@@ -180,10 +190,7 @@ class Trainer:
             raise ZsearchError(f"{self.cfg.out} already holds checkpoints (latest {latest.name}): "
                                "pass --resume to continue that run, or choose another --out")
         check_resumable(latest, self.accelerator)
-        saved = read_state(latest)["config"]
-        now = self.cfg.to_dict()
-        changed = [f"{k}={saved.get(k)!r}->{now[k]!r}" for k in now
-                   if k not in RESUME_MAY_CHANGE and saved.get(k) != now[k]]
+        changed = differing(read_state(latest)["config"], self.cfg.to_dict(), RESUME_MAY_CHANGE)
         if changed:
             raise ZsearchError(f"--resume: options differ from the run in {self.cfg.out} ({', '.join(changed)}); "
                                "pass the same options or choose another --out")
@@ -222,12 +229,57 @@ class Trainer:
 
     def _sync_generation(self) -> None:
         """Make the generation backend see the current policy: push it (LoRA merged) into the
-        vLLM engine (GPU-unverified), or into the HF backend's copy under FSDP / ZeRO-3; the
-        HF backend of one process or DDP shares the policy object and needs nothing."""
+        vLLM engine and check the engine now scores a fixed probe like the policy does, or
+        refresh the HF backend's copy under FSDP / ZeRO-3; the HF backend of one process or
+        DDP shares the policy object and needs nothing."""
         if self.uses_vllm:
-            self.generation.update_weights(merged_weights(self.accelerator.unwrap_model(self.policy)))
+            policy = self.accelerator.unwrap_model(self.policy)
+            self.generation.update_weights(merged_weights(policy))
+            self.sync_mismatch = self._probe_mismatch(policy)
+            tol = logp_tolerance(self.generation.dtype)
+            if self.sync_mismatch > tol:
+                raise ZsearchError(f"the vLLM weight sync failed: after it, the engine's logprobs of a probe "
+                                   f"sequence differ from the policy's by up to {self.sync_mismatch:.2e} nats "
+                                   f"(tolerance {tol:.0e} for {str(self.generation.dtype).removeprefix('torch.')}); rollouts would not come "
+                                   "from the weights being trained")
         elif self.generation_copy is not None:
             sync_generation_copy(self.accelerator, self.policy, self.generation_copy)
+
+    def _probe_mismatch(self, policy: Any) -> float:
+        """max |engine − policy| logprob over a fixed probe sequence (raw log-softmax both)."""
+        probe = self.tokenizer.encode(SYNC_PROBE, add_special_tokens=False)
+        engine = torch.tensor(self.generation.sequence_logprobs(probe))
+        was_training = policy.training
+        policy.eval()
+        try:
+            with torch.no_grad():
+                ids = torch.tensor([probe], device=self.accelerator.device)
+                logp = policy(input_ids=ids).logits[0, :-1].float().log_softmax(-1)
+        finally:
+            policy.train(was_training)
+        ours = logp.gather(-1, ids[0, 1:, None]).squeeze(-1).cpu()
+        return float((engine - ours).abs().max())
+
+    def _check_logp_mismatch(self, row: dict[str, Any]) -> None:
+        """Stop when the sampler's logprobs disagree with the training forward's (the mean
+        over this step's policy tokens, averaged over processes so all stop together).
+
+        Skipped with top_p < 1: the sampler's logprobs are then renormalised over the
+        nucleus and the training forward's are not, a gap of log(nucleus mass) by design."""
+        mismatch = row.get("logp_mismatch")
+        dtype = (self.generation.dtype if self.uses_vllm
+                 else next(self.accelerator.unwrap_model(self.policy).parameters()).dtype)
+        tol = logp_tolerance(dtype)
+        if mismatch is not None and self.cfg.top_p >= 1.0 and mismatch > tol:
+            raise ZsearchError(f"step {row['step']}: the rollout logprobs differ from the policy's by "
+                               f"{mismatch:.2e} nats per token on average (logp_mismatch; tolerance {tol:.0e}): "
+                               "rollouts and training disagree, so the update would be off-policy by an unknown "
+                               "amount")
+
+    def close(self) -> None:
+        """Release the generation engine (vLLM's holds a KV cache and a process group)."""
+        if self.uses_vllm:
+            self.generation.close()
 
     # ------------------------------------------------------------------ the loop
 
@@ -246,7 +298,7 @@ class Trainer:
             self.console.print(f"[yellow]{note}[/]", soft_wrap=True)
         t1 = time.perf_counter()
         update: dict[str, float] | None = None
-        mismatch = None
+        mismatch = sync_time = None
         train = collected.train
         if train:
             self.policy.train()
@@ -256,7 +308,9 @@ class Trainer:
                 t["advantage"] = float(a.float().mean()) if a.numel() else 0.0
             update = optimize(self.models, self.spec, self.acfg, cfg, train, rt, step)
             mismatch = rt["logp_mismatch"]
+            t_sync = time.perf_counter()
             self._sync_generation()
+            sync_time = time.perf_counter() - t_sync if self.uses_vllm else None
         lr = self.scheduler.get_last_lr()[0]  # the lr this step's updates used
         critic_lr = self.critic_scheduler.get_last_lr()[0] if self.critic_scheduler is not None else None
         with warnings.catch_warnings():  # a DSPO step with nothing kept steps the lr without an update
@@ -268,7 +322,8 @@ class Trainer:
         noise_p = getattr(self.search, "noise_p", None)
         noise_p = noise_p() if callable(noise_p) else noise_p
         extra = {"lr": lr, "critic_lr": critic_lr, "logp_mismatch": mismatch, "time_update": now - t1,
-                 "time_step": now - t0, "noise_p": None if noise_p is None else float(noise_p),
+                 "time_step": now - t0, "time_sync": sync_time,
+                 "sync_mismatch": self.sync_mismatch if self.uses_vllm and train else None, "noise_p": None if noise_p is None else float(noise_p),
                  **collected.reward_metrics}
         if self.validator is not None and self.validator.due(step):
             extra.update(self.validator.run(step))  # val_em/val_f1/val_subem of the updated policy
@@ -276,6 +331,7 @@ class Trainer:
         if cfg.save_rollouts:
             self._save_rollouts(step, collected.trajs)
         self.metrics.log(row)
+        self._check_logp_mismatch(row)
         return row
 
     def _reduce(self, row: dict[str, Any]) -> dict[str, Any]:
@@ -355,6 +411,7 @@ class Trainer:
         if show:
             self.metrics.write_parquet()
             self.console.print(f"final model written to {final} (zsearch eval --model {final})", soft_wrap=True)
+        self.close()  # before end_training: it destroys the process group the vLLM engine uses
         self.accelerator.end_training()
         return final
 

@@ -1,5 +1,5 @@
 """One training step's update: old/ref logprobs and values → advantages → K epochs of
-mini-batches with gradient accumulation → optimizer steps (FORMULAS §4 through ``algos/``).
+mini-batches with gradient accumulation → optimizer steps (``algos/``; docs/methods.md §4).
 
 Why old_logp is recomputed rather than taken from the sampler: HF/vLLM sampling numerics
 differ from the training forward, so the ratio must compare two training forwards; the
@@ -147,7 +147,7 @@ def optimize(m: StepModels, spec: Any, acfg: Any, cfg: Any, trajs: list[dict[str
             m.optimizer.zero_grad(set_to_none=True)
             if m.critic_optimizer is not None:
                 m.critic_optimizer.zero_grad(set_to_none=True)
-            denom = max(1, sum(tokens[i] for i in mb)) if token_level else len(mb)
+            denom = _token_denominator(m.accelerator, sum(tokens[i] for i in mb)) if token_level else len(mb)
             stats: dict[str, float] = {}
             micros = _chunks(mb, cfg.micro_batch_size)
             for j, micro in enumerate(micros):
@@ -165,6 +165,20 @@ def optimize(m: StepModels, spec: Any, acfg: Any, cfg: Any, trajs: list[dict[str
             updates += 1
     m.optimizer.zero_grad(set_to_none=True)
     return {k: v / max(updates, 1) for k, v in sums.items()}
+
+
+def _token_denominator(accelerator: Any, local_tokens: int) -> float:
+    """PPO's token mean over the whole mini-batch, as one process would take it.
+
+    DDP averages the processes' gradients, so each process divides its token sum by the
+    mean token count per process (all processes' tokens / world) rather than by its own
+    count: then the average of the processes' gradients is the all-token mean. Dividing by
+    the local count instead weights a process with fewer policy tokens more."""
+    world = accelerator.num_processes
+    if world == 1:
+        return float(max(1, local_tokens))
+    total = accelerator.reduce(torch.tensor([float(local_tokens)], device=accelerator.device), reduction="sum")
+    return max(1.0, float(total.item()) / world)
 
 
 def _trainable(model: Any) -> list[Any]:
