@@ -64,6 +64,7 @@ bench: setup
 	$(PY) bench/bm25.py
 	$(PY) bench/serve.py
 	$(PY) bench/rollout.py --real
+	$(PY) bench/generate.py
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache build *.egg-info src/*.egg-info
