@@ -39,6 +39,8 @@ for METHOD in rag agent; do
   zsearch eval --model "$MODEL" --method "$METHOD" --search "http://127.0.0.1:$PORT" \
     --datasets demo --limit "$EVAL_LIMIT" --max-turn-tokens "$TURN_TOKENS" --out "$OUT/eval"
 done
+echo "== 4b. what the agent did: two of its trajectories, turn by turn"
+zsearch show "$OUT/eval/demo/agent.examples.parquet" --limit 2
 echo "== 5. RL that learns: GRPO on a tiny 2-layer model, toy search-dependent task (not smollm2)"
 echo "   Task: 'item N code?' -> the only way to know the code word is the search result; a"
 echo "   constant answer scores 0.25. 200 SFT steps of format warm-up, then 60 GRPO steps."
