@@ -19,6 +19,7 @@ the saved ones; otherwise the run is refused in one line naming what differs.
 
 from __future__ import annotations
 
+import sys
 import dataclasses
 import os
 from dataclasses import dataclass
@@ -48,7 +49,9 @@ from zsearch_cli.schemas import (
     write_artifact,
 )
 
-console = Console(stderr=True)
+# A log file or pipe gets rich's default 80 columns, which squeezes the 10-column table
+# into one letter per line; a terminal keeps its own width.
+console = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
 METHODS = ("direct", "cot", "rag", "agent")
 
 # Single-turn baselines. They end in the same <answer> tag so one extractor scores all.
