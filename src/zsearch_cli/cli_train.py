@@ -95,11 +95,12 @@ def train(
 def plot(
     run_dir: Path = typer.Argument(..., help="A `zsearch train` output folder."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="PNG to write [RUN_DIR/curves.png]."),
+    title: Optional[str] = typer.Option(None, "--title", help="Figure title [zsearch train: RUN_DIR's name]."),
 ) -> None:
     """Plot a training run's metric curves to a PNG."""
     from zsearch_cli.train.metrics import plot_metrics
 
-    typer.echo(f"curves written to {plot_metrics(run_dir, out)}")
+    typer.echo(f"curves written to {plot_metrics(run_dir, out, title)}")
 
 
 # ----------------------------------------------------------------------------- SFT / simulator SFT
