@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from zsearch_cli.cli import app
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.llm_client import LLMClient
-from zsearch_cli.prompts_judge import build_judge_prompt, parse_verdict
+from zsearch_cli.prompts.judge import build_judge_prompt, parse_verdict
 from zsearch_cli.schemas import COLLECTED_QUERY, JUDGMENT, read_artifact, read_metadata, write_artifact
 from zsearch_cli.stages.judge import balance, label_counts
 
