@@ -258,7 +258,7 @@ def _check_resume_is_exact(out: Path, model: Path, index: Path, launch: Any, ste
     text = _ok(launch(_train_args(again, model, index, steps, "--resume")))
     assert text.count(f"resuming from {again / 'checkpoints' / f'step-{steps - 1}'}") == 1  # once, not per process
     assert not _same(_weights(again / "final" / "model.safetensors"), _weights(out / "final" / "model.safetensors"))
-    untimed = [[{k: v for k, v in r.items() if not k.startswith("time_")} for r in _rows(o)] for o in (again, out)]
+    untimed = [[{k: v for k, v in r.items() if not k.startswith("time/")} for r in _rows(o)] for o in (again, out)]
     assert untimed[0] == untimed[1]
 
 
