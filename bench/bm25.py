@@ -121,7 +121,10 @@ def worker(engine: str, root: Path, topk: int, n_rank: int, repeats: int) -> dic
         build_index(root / "corpus.jsonl", root / "zs_index", {"kind": "bm25", "k1": K1, "b": B})
         index_s, build_peak = time.perf_counter() - t, _rss_mb()
         runs = {}
-        for mode in ("maxscore", "exhaustive"):
+        from zsearch_cli.retrieval.maxscore import KERNEL
+
+        modes = ("maxscore", "maxscore-numpy", "exhaustive") if KERNEL else ("maxscore-numpy", "exhaustive")
+        for mode in modes:
             for n in (0, threads):
                 index = load_index(root / "zs_index", n_threads=n)
                 index._bm25.mode = mode
