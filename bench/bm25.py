@@ -277,7 +277,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 140)  # a log file gets the whole table
     rows = []
     for n_docs in (int(d) for d in args.docs.split(",")):
         rows += run_size(args, n_docs, console)
