@@ -85,3 +85,14 @@ def test_curves_have_integer_step_ticks(tmp_path):
         if ax.get_title():
             ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
             assert ticks and all(float(t).is_integer() for t in ticks), (ax.get_title(), ticks)
+
+
+def test_console_line_prints_namespaces_the_trainer_does_not_own():
+    from zsearch_cli.train.metrics import console_line
+
+    row = {"step": 3, "rollout/reward_mean": 0.5, "search/noise_p": 0.16666, "proposer/gate_pass": 2.0,
+           "proposer/solver_k": None, "val/em": 0.25, "val/f1": 0.5}
+    line = console_line(row, 10)
+    assert line.startswith("step 3/10 reward 0.500 ")  # counted from 1, as the checkpoints
+    assert " noise_p 0.167" in line and " gate_pass 2" in line and "solver_k" not in line  # None is left out
+    assert "| val em 0.25 f1 0.5" in line

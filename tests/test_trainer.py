@@ -260,3 +260,28 @@ def test_every_statistic_a_loss_returns_has_a_metrics_column(algo):
         _, vstats = spec.value_loss(torch.randn(2, 5), torch.randn(2, 5), torch.randn(2, 5), mask, cfg)
         names += [f"critic/{k}" for k in vstats]
     assert "actor/loss" in names and set(names) <= set(METRIC_COLUMNS), sorted(set(names) - set(METRIC_COLUMNS))
+
+
+def test_a_micro_batch_is_an_index_slice_of_the_steps_padded_batch():
+    """update.py pads the step once; each micro-batch's forward must still see exactly the
+    tensors its samples would get padded alone (same widths, same keep_from), or the
+    numerics of an update would change with the other samples of its step."""
+    from zsearch_cli.train.collect import Sample
+    from zsearch_cli.train.logprobs import collate
+    from zsearch_cli.train.update import step_batch
+
+    lengths = [(3, 5), (6, 2), (2, 7), (4, 4)]  # (prompt, response): the longest differ per subset
+    samples = []
+    for i, (p, r) in enumerate(lengths):
+        traj = make_trajectory(f"q{i}#0", prompt_ids=list(range(10, 10 + p)), response_ids=list(range(50, 50 + r)),
+                               loss_mask=[1, 0] * (r // 2) + [1] * (r % 2), logprobs=[-0.5] * r)
+        samples.append(Sample(traj, step=1, gen_batch=0, group_key=traj.group_id, reward=float(i)))
+    batch = step_batch(samples, pad_id=0)
+    assert batch.tokens.input_ids.shape == (4, 9) and batch.sampler_logp.shape == (4, 7)  # [N, L], [N, T]
+    for idx in ([0], [1], [0, 1], [1, 3], [3, 2, 0]):
+        alone = collate([samples[i].trajectory for i in idx], 0, "cpu")
+        sliced = batch.forward_batch(idx, "cpu")
+        for name in ("input_ids", "attention_mask", "resp_pos", "targets", "mask"):
+            assert torch.equal(getattr(sliced, name), getattr(alone, name)), (idx, name)
+        assert sliced.keep_from == alone.keep_from
+        assert batch.rows(batch.sampler_logp, idx).shape == alone.mask.shape

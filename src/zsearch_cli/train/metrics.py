@@ -70,6 +70,31 @@ def step_metrics(step: int, collected: Collected, update: dict[str, float] | Non
     return row
 
 
+def console_line(row: dict[str, Any], total_steps: int) -> str:
+    """The one line ``zsearch train`` prints per step. Namespaces the trainer does not own
+    (``search/…`` from the backend, ``proposer/…`` from a batch reward, ``val/…``) are
+    printed as they come, so the trainer needs to know nothing of what fills them."""
+
+    def f(key: str, fmt: str = ".3f") -> str:
+        v = row.get(key)
+        return "-" if v is None else format(v, fmt)
+
+    def namespace(ns: str) -> str:
+        return "".join(f" {k.split('/', 1)[1]} {f(k, '.3g')}" for k, v in row.items()
+                       if k.startswith(ns + "/") and v is not None)
+
+    extra = ""
+    if row.get("filter/kept_frac") is not None:
+        extra = f" kept {f('filter/kept_frac', '.2f')} gen {f('filter/gen_batches', '.0f')}"
+    extra += namespace("search") + namespace("proposer")
+    if row.get("val/em") is not None:
+        extra += f" | val{namespace('val')}"
+    return (f"step {row['step']}/{total_steps} reward {f('rollout/reward_mean')} em {f('rollout/em')} "
+            f"kl {f('actor/kl_ref', '.4f')} ent {f('actor/entropy')} gnorm {f('actor/grad_norm')} "
+            f"lr {f('actor/lr', '.2e')} len {f('rollout/response_length', '.0f')}{extra} | {f('time/step', '.1f')}s "
+            f"(rollout {f('time/rollout', '.1f')} reward {f('time/reward', '.2f')} update {f('time/update', '.1f')})")
+
+
 class MetricsLog:
     """Collects metric rows; ``log`` appends one line to metrics.jsonl and flushes it.
     metrics.parquet carries the run's protocol (zsearch_cli/protocol.py) on every row and in

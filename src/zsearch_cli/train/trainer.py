@@ -38,7 +38,7 @@ from zsearch_cli.train.checkpoint import (atomic_dir, check_resumable, check_sha
 from zsearch_cli.train.collect import BatchRewardFn, RewardFn, Sample, collect
 from zsearch_cli.train.config import TrainConfig, check_config, check_even_shards, get_spec, resolve_config, resolved_dict, search_options
 from zsearch_cli.train.data import TrainData, load_rows
-from zsearch_cli.train.metrics import MetricsLog, step_metrics
+from zsearch_cli.train.metrics import MetricsLog, console_line, step_metrics
 from zsearch_cli.train.models import (generation_copy, load_critic, load_policy, load_reference,
                                       merged_weights, save_policy, sync_generation_copy, unsharded_loading)
 from zsearch_cli.train.optim import make_optimizer
@@ -369,29 +369,6 @@ class Trainer:
         write_artifact(rows, Path(self.cfg.out) / "rollouts" / f"step-{step:06d}{suffix}.parquet", ROLLOUT,
                        self.cfg.to_dict())
 
-    def _line(self, row: dict[str, Any]) -> str:
-        def f(key: str, fmt: str = ".3f") -> str:
-            v = row.get(key)
-            return "-" if v is None else format(v, fmt)
-
-        def namespace(ns: str) -> str:
-            """Whatever a search backend or a batch reward logged (the simulator's p(t), the
-            proposer's difficulty and gate): the trainer prints it without knowing it."""
-            return "".join(f" {k.split('/', 1)[1]} {f(k, '.3g')}" for k, v in row.items()
-                           if k.startswith(ns + "/") and v is not None)
-
-        kept = ""
-        if row.get("filter/kept_frac") is not None:
-            kept = f" kept {f('filter/kept_frac', '.2f')} gen {f('filter/gen_batches', '.0f')}"
-        kept += namespace("search") + namespace("proposer")
-        if row.get("val/em") is not None:
-            kept += f" | val{namespace('val')}"
-        return (f"step {row['step']}/{self.cfg.steps} reward {f('rollout/reward_mean')} em {f('rollout/em')} "
-                f"kl {f('actor/kl_ref', '.4f')} ent {f('actor/entropy')} gnorm {f('actor/grad_norm')} "
-                f"lr {f('actor/lr', '.2e')} len {f('rollout/response_length', '.0f')}{kept} | {f('time/step', '.1f')}s "
-                f"(rollout {f('time/rollout', '.1f')} reward {f('time/reward', '.2f')} "
-                f"update {f('time/update', '.1f')})")
-
     def checkpoint(self, completed: int) -> Path:
         """Save OUT/checkpoints/step-``completed`` and the Parquet metrics. Every process calls
         it (FSDP / ZeRO-3 shards are gathered); the main process writes."""
@@ -425,7 +402,7 @@ class Trainer:
                 row = self.train_step(step)
                 bar.update(task, advance=1, reward=f"{row['rollout/reward_mean']:.3f}", sps=f"{row['time/step']:.1f}")
                 if show:
-                    bar.console.print(self._line(row), highlight=False, soft_wrap=True)
+                    bar.console.print(console_line(row, cfg.steps), highlight=False, soft_wrap=True)
                 if cfg.save_every and step % cfg.save_every == 0:
                     self.checkpoint(step)
         final = self.save_final()
