@@ -37,7 +37,7 @@ def toy(tmp_path_factory) -> tuple[Path, list[Any]]:
 def _run(algo: str, toy: tuple[Path, list[Any]], tmp_path: Path, search: OracleSearch) -> list[dict[str, Any]]:
     model, rows = toy
     metrics = run_toy(algo, model, rows, tmp_path / algo, search)
-    assert search.progress[0] == (0, STEPS) and search.progress[-1] == (STEPS - 1, STEPS)
+    assert search.seen_progress[0] == (0, STEPS) and search.seen_progress[-1] == (STEPS - 1, STEPS)
     assert (tmp_path / algo / "metrics.parquet").is_file()  # what the demo plots
     return metrics
 

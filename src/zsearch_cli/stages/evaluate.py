@@ -34,8 +34,10 @@ from rich.table import Table
 from zsearch_cli.data.demo import demo_qa
 from zsearch_cli.data.qa import BENCHMARK_SPLITS, dataset_key, find_dataset_file, load_qa, resolve_datasets
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.prompts.baselines import COT_PROMPT, DIRECT_PROMPT, RAG_PROMPT
 from zsearch_cli.protocol import METRIC_VERSION, RESUME_FIELDS, Protocol, build_protocol, differing, file_fingerprint
 from zsearch_cli.rewards import score_answer
+from zsearch_cli.rollout.trajectory import Trajectory
 from zsearch_cli.schemas import (
     EVAL_EXAMPLE,
     EVAL_SUMMARY,
@@ -53,23 +55,6 @@ from zsearch_cli.schemas import (
 # into one letter per line; a terminal keeps its own width.
 console = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
 METHODS = ("direct", "cot", "rag", "agent")
-
-# Single-turn baselines. They end in the same <answer> tag so one extractor scores all.
-DIRECT_PROMPT = (
-    "Answer the given question directly, inside <answer> and </answer>, without detailed "
-    "illustrations. For example, <answer> Beijing </answer>. Question: {question}"
-)
-COT_PROMPT = (
-    "Answer the given question. You must conduct reasoning inside <think> and </think> first. "
-    "After reasoning, provide the answer inside <answer> and </answer>, without detailed "
-    "illustrations. For example, <answer> Beijing </answer>. Question: {question}"
-)
-RAG_PROMPT = (
-    "Answer the given question using the documents below. You may reason inside <think> and "
-    "</think> first, then provide the answer inside <answer> and </answer>, without detailed "
-    "illustrations. For example, <answer> Beijing </answer>.\n\nDocuments:\n{documents}\n\nQuestion: {question}"
-)
-
 
 @dataclass
 class EvalOptions:
@@ -164,16 +149,17 @@ def dataset_dir(out: Path, key: str) -> Path:
     return path
 
 
-def _example_rows(dataset: str, method: str, trajs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def _example_rows(dataset: str, method: str, trajs: Sequence[Trajectory]) -> list[dict[str, Any]]:
+    """EVAL_EXAMPLE rows: the answer the engine parsed, scored (the same field training rewards)."""
     rows = []
     for t in trajs:
-        scores = score_answer(t["prediction"], t["golden_answers"])
+        scores = score_answer(t.prediction, t.golden_answers)
         rows.append({
-            "dataset": dataset, "method": method, "id": t["row_id"], "question": t["question"],
-            "golden_answers": t["golden_answers"], "prediction": t["prediction"],
+            "dataset": dataset, "method": method, "id": t.row_id, "question": t.question,
+            "golden_answers": t.golden_answers, "prediction": t.prediction,
             "em": scores["em"], "f1": scores["f1"], "subem": scores["subem"],
-            "searches": t["num_searches"], "turns": t["num_turns"], "tokens": t["response_tokens"],
-            "finish_reason": t["finish_reason"], "trajectory": t["response_text"], "turn_log": t["turns"],
+            "searches": t.num_searches, "turns": t.num_turns, "tokens": t.response_tokens,
+            "finish_reason": t.finish_reason, "trajectory": t.response_text, "turn_log": t.to_row()["turns"],
         })
     return rows
 

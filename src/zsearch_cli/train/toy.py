@@ -35,10 +35,11 @@ import random
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Sequence
 
 from zsearch_cli.retrieval.base import Passage
-from zsearch_cli.search.base import SearchRequest, SearchResult
+from zsearch_cli.search.base import SearchBackend, SearchRequest, SearchResult
 
 CODES = ("apple", "river", "stone", "cloud")
 N_ITEMS = 512
@@ -72,7 +73,7 @@ def toy_rows() -> list[Any]:
             for i, code in enumerate(codes())]
 
 
-class OracleSearch:
+class OracleSearch(SearchBackend):
     """Returns the asking row's passage, whatever the query: a perfect retriever. With
     ``shuffle`` (the control) the passage names a random code word instead (seeded)."""
 
@@ -81,15 +82,15 @@ class OracleSearch:
     def __init__(self, shuffle: bool = False) -> None:
         self.shuffle = shuffle
         self.rng = random.Random(123)
-        self.progress: list[tuple[int, int]] = []
+        self.seen_progress: list[tuple[int, int]] = []
 
     def search(self, requests: Sequence[SearchRequest], topk: int) -> list[SearchResult]:
         words = [self.rng.choice(CODES) if self.shuffle else r.golden_answers[0] for r in requests]
         return [SearchResult([Passage(f"doc-{r.row_id}", "", f"the code is {w} .", 1.0)])
                 for r, w in zip(requests, words)]
 
-    def set_progress(self, step: int, total_steps: int) -> None:
-        self.progress.append((step, total_steps))
+    def progress(self, step: int, total: int) -> None:
+        self.seen_progress.append((step, total))
 
 
 def warm_toy_model(root: Path) -> tuple[Path, list[Any]]:
@@ -126,8 +127,8 @@ def warm_toy_model(root: Path) -> tuple[Path, list[Any]]:
         batch = []
         for prompt, obs, gold in rng.sample(examples, SFT_BATCH):
             answer = answers[gold if rng.random() < SFT_COPY else rng.choice(CODES)]
-            batch.append({"prompt_ids": prompt, "response_ids": search_ids + obs + answer,
-                          "loss_mask": [1] * len(search_ids) + [0] * len(obs) + [1] * len(answer)})
+            batch.append(SimpleNamespace(prompt_ids=prompt, response_ids=search_ids + obs + answer,
+                                         loss_mask=[1] * len(search_ids) + [0] * len(obs) + [1] * len(answer)))
         b = collate(batch, tok.pad_token_id, "cpu")
         logp, _ = policy_forward(model, b, 1.0)
         loss = -(logp * b.mask).sum() / b.mask.sum()
@@ -160,8 +161,8 @@ def run_toy(algo: str, model: Path, rows: list[Any], out: Path, search: OracleSe
 
 def rise(rows: list[dict[str, Any]]) -> tuple[float, float]:
     """(mean reward of the first 5 steps, of the last 5 steps)."""
-    first = sum(r["reward_mean"] for r in rows[:5]) / 5
-    last = sum(r["reward_mean"] for r in rows[-5:]) / 5
+    first = sum(r["rollout/reward_mean"] for r in rows[:5]) / 5
+    last = sum(r["rollout/reward_mean"] for r in rows[-5:]) / 5
     return first, last
 
 

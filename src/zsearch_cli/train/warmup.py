@@ -26,6 +26,7 @@ from typing import Any, Sequence
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.models.base import GenerationOutput, SamplingParams
 from zsearch_cli.rollout.engine import QARow, RolloutConfig, RolloutEngine
+from zsearch_cli.rollout.trajectory import Trajectory
 
 SEARCH_THOUGHT = "<think> I need to look this up. </think>\n"
 ANSWER_THOUGHT = "<think> The search results answer the question. </think>\n"
@@ -93,7 +94,7 @@ class WarmupOptions:
 
 
 def teacher_trajectories(rows: Sequence[QARow], tokenizer: Any, protocol: Any, search: Any,
-                         config: RolloutConfig) -> list[dict[str, Any]]:
+                         config: RolloutConfig) -> list[Trajectory]:
     """One teacher trajectory per row (see the module docstring); rows without a gold
     answer are an error."""
     for row in rows:
@@ -127,9 +128,9 @@ def build_warmup_data(opts: WarmupOptions, config: dict[str, Any]) -> Path:
     cfg = RolloutConfig(topk=opts.topk, max_obs_tokens=opts.max_obs_tokens,
                         max_context_tokens=opts.max_context_tokens)
     trajs = teacher_trajectories(rows, load_tokenizer(opts.model), protocol, search, cfg)
-    answered = sum(t["prediction"] is not None for t in trajs)
+    answered = sum(t.prediction is not None for t in trajs)
     out = Path(opts.out)
-    write_artifact(trajs, out, TRAJECTORY, config)
+    write_artifact([t.to_row() for t in trajs], out, TRAJECTORY, config)
     Console(stderr=True).print(f"wrote {len(trajs)} teacher trajectories ({answered} end in an answer) to {out}; "
                                f"next: zsearch sft {out} --model {opts.model}")
     return out
