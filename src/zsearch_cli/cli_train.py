@@ -13,7 +13,9 @@ from typing import Optional
 import typer
 
 from zsearch_cli import cli_options as opt
+from zsearch_cli.cli_options import command
 from zsearch_cli.config import ConfigOption, resolved_options, stage
+from zsearch_cli.options import WarmupOptions
 
 
 # ----------------------------------------------------------------------------- train / plot
@@ -103,34 +105,17 @@ def plot(
 
 
 # ----------------------------------------------------------------------------- SFT / simulator SFT
-@stage
-def warmup_data(
-    ctx: typer.Context,
-    qa: str = typer.Argument(..., help="QA file (jsonl or Parquet) to play: each question, then its first gold answer."),
-    out: Path = typer.Option(Path("runs/warmup/trajectories.parquet"), "--out", "-o", help="TRAJECTORY Parquet for `zsearch sft`."),
-    model: str = typer.Option("smollm2", help="The model you will warm up: its tokenizer and chat template are used."),
-    protocol: str = opt.PROTOCOL,
-    search: str = typer.Option("bm25", help="bm25, dense, hybrid, http://host:port or serpapi: real results in the observations."),
-    index_dir: Path = typer.Option(Path("runs/index"), "--index", help="Index directory for in-process search."),
-    topk: int = opt.TOPK,
-    max_obs_tokens: int = typer.Option(500, help="Tokens per observation (whole passages are cut)."),
-    max_context_tokens: int = typer.Option(4096, help="Prompt + response token budget."),
-    limit: Optional[int] = typer.Option(None, help="Use the first N questions only."),
-    config: Optional[Path] = ConfigOption,
-) -> None:
+@command(WarmupOptions, name="warmup-data")
+def warmup_data(ctx: typer.Context, given: dict) -> None:
     """Format warm-up data for `sft`: per question, a gold trajectory (search, then the answer).
 
     Each trajectory is played through the rollout engine: think, search the question, read
     the real results, answer the first gold answer. For small models that do not follow the action format yet (smollm2): a few tens of
     `zsearch sft` steps on this file, then RL. It teaches the format, not the answers.
     """
-    from zsearch_cli.train.warmup import WarmupOptions, build_warmup_data
+    from zsearch_cli.train.warmup import build_warmup_data
 
-    build_warmup_data(WarmupOptions(qa=qa, out=str(out), model=model, protocol=protocol, search=search,
-                                    index=str(index_dir), topk=topk, max_obs_tokens=max_obs_tokens,
-                                    max_context_tokens=max_context_tokens, limit=limit), resolved_options(ctx))
-
-
+    build_warmup_data(WarmupOptions(**given), resolved_options(ctx))
 
 
 @stage

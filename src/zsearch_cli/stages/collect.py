@@ -31,6 +31,7 @@ from rich.table import Table
 from zsearch_cli.data.demo import demo_qa
 from zsearch_cli.data.qa import load_qa
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.options import CollectOptions
 from zsearch_cli.rewards import score_answer
 from zsearch_cli.schemas import COLLECTED_QUERY, TRAJECTORY, read_artifact, read_metadata, write_artifact
 
@@ -43,37 +44,6 @@ RESUME_KEYS = ("data", "model", "protocol", "search", "samples_per_question", "t
                "topk", "max_turns")
 """Options that must match the run being resumed: mixing them would make one file
 describe two different collections."""
-
-
-@dataclass
-class CollectOptions:
-    """What ``zsearch collect`` runs; the CLI fills it from flags/YAML."""
-
-    data: Path | None = None
-    """QA file (FlashRAG jsonl, Search-R1 Parquet or our QA artifact); None = bundled demo train split."""
-    out: Path = Path("runs/collect")
-    model: str = "smollm2"
-    backend: str = "auto"
-    device: str = "auto"
-    search: str = "bm25"
-    """bm25 | dense | hybrid | http://host:port | serpapi: a *real* engine (that is the point)."""
-    index: Path | None = None
-    """Index directory for in-process search (default: runs/index)."""
-    protocol: str = "tags"
-    samples_per_question: int = 5
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int = 0
-    topk: int = 5
-    """ZeroSearch retrieves five documents, and its simulator writes five."""
-    max_turns: int = 5
-    max_turn_tokens: int = 500
-    max_obs_tokens: int = 500
-    max_context_tokens: int = 4096
-    batch_size: int = 8
-    """Questions per generation batch (each with samples_per_question samples)."""
-    limit: int | None = None
-    """Only the first N questions."""
 
 
 # ----------------------------------------------------------------------------- query rows

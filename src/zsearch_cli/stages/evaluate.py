@@ -34,6 +34,7 @@ from rich.table import Table
 from zsearch_cli.data.demo import demo_qa
 from zsearch_cli.data.qa import BENCHMARK_SPLITS, dataset_key, find_dataset_file, load_qa, resolve_datasets
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.options import EvalOptions
 from zsearch_cli.protocol import METRIC_VERSION, RESUME_FIELDS, Protocol, build_protocol, differing, file_fingerprint
 from zsearch_cli.rewards import score_answer
 from zsearch_cli.schemas import (
@@ -69,42 +70,6 @@ RAG_PROMPT = (
     "</think> first, then provide the answer inside <answer> and </answer>, without detailed "
     "illustrations. For example, <answer> Beijing </answer>.\n\nDocuments:\n{documents}\n\nQuestion: {question}"
 )
-
-
-@dataclass
-class EvalOptions:
-    """What ``zsearch eval`` runs; the CLI fills it from flags/YAML."""
-
-    datasets: str = "demo"
-    """'demo' (the bundled test split), 'all' (the seven benchmarks), a comma list, or QA file paths."""
-    data_dir: Path = Path("data")
-    """Where benchmark files live, FlashRAG layout: DATA_DIR/nq/test.jsonl."""
-    download: bool = False
-    """Fetch missing benchmark files from the FlashRAG hub dataset (needs network access)."""
-    out: Path = Path("runs/eval")
-    """Output directory: DATASET/METHOD.examples.parquet, DATASET/METHOD.summary.parquet, em.png."""
-    model: str = "smollm2"
-    """HF id, local path, checkpoint directory, or the 'smollm2' alias."""
-    method: str = "agent"
-    search: str = "bm25"
-    """bm25 | dense | hybrid | http://host:port | serpapi."""
-    index: Path | None = None
-    """Index directory for in-process search (default: runs/index)."""
-    protocol: str = "tags"
-    topk: int = 3
-    max_turns: int = 4
-    max_turn_tokens: int = 500
-    max_obs_tokens: int = 500
-    max_context_tokens: int = 4096
-    batch_size: int = 16
-    limit: int | None = None
-    """Evaluate only the first N examples of each dataset."""
-    temperature: float = 0.0
-    """Greedy by default."""
-    seed: int = 0
-    backend: str = "auto"
-    """hf, vllm or auto (vLLM when installed with CUDA)."""
-    device: str = "auto"
 
 
 EVAL_RESUME_MAY_CHANGE = {"datasets", "data_dir", "download", "out", "limit", "batch_size", "device", "backend",

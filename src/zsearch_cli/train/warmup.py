@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.options import WarmupOptions
 from zsearch_cli.models.base import GenerationOutput, SamplingParams
 from zsearch_cli.rollout.engine import QARow, RolloutConfig, RolloutEngine
 
@@ -64,32 +65,6 @@ class TeacherBackend:
             outs.append(GenerationOutput(token_ids, [0.0] * len(token_ids), "stop" if stopped else "eos",
                                          stop_string=stopped))
         return outs
-
-
-@dataclass
-class WarmupOptions:
-    """``zsearch warmup-data``: teacher trajectories over a QA file."""
-
-    qa: str
-    """QA file (jsonl or Parquet) whose questions and first gold answers are played."""
-    out: str = "runs/warmup/trajectories.parquet"
-    """TRAJECTORY Parquet to write (input of ``zsearch sft``)."""
-    model: str = "smollm2"
-    """Whose tokenizer and chat template the trajectories use: the model you will warm up."""
-    protocol: str = "tags"
-    """tags (Search-R1) or tool_call (Dr. Zero)."""
-    search: str = "bm25"
-    """Search backend for the real results in the observations."""
-    index: str = "runs/index"
-    """Index directory for in-process search."""
-    topk: int = 3
-    """Passages per search."""
-    max_obs_tokens: int = 500
-    """Tokens per observation (whole passages are cut, as in rollouts)."""
-    max_context_tokens: int = 4096
-    """Prompt + response budget."""
-    limit: int | None = None
-    """Use the first N questions only."""
 
 
 def teacher_trajectories(rows: Sequence[QARow], tokenizer: Any, protocol: Any, search: Any,
