@@ -75,9 +75,7 @@ RANGES: dict[str, dict[str, Range]] = {}
 
 def range_for(command: str, name: str) -> Range | None:
     """The range parameter ``name`` of ``command`` accepts (None: not a numeric option)."""
-    if command in RANGES:
-        return RANGES[command].get(name)
-    return LEGACY_RANGES.get(f"{command}.{name}", LEGACY_RANGES.get(name))
+    return RANGES.get(command, {}).get(name)
 
 
 # ----------------------------------------------------------------------------- field declarations
@@ -88,13 +86,14 @@ META = "zsearch"
 def option(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING, help: str | None = None,
            flags: tuple[str, ...] = (), param: str | None = None, range: Range | None = None,
            argument: bool = False, cli_type: Any = None, convert: Callable[[Any], Any] | None = None,
-           aliases: tuple[str, ...] = ()) -> Any:
+           aliases: tuple[str, ...] = (), required: bool = False) -> Any:
     """A dataclass field with what the command line needs beside its default: ``flags``
     (default ``--name``), ``param`` (the typer parameter name, recorded in metadata; default
     the field name), ``range``, ``argument`` (positional), ``cli_type``/``convert`` (when the
-    flag's type differs from the field's) and ``aliases`` (extra flag and YAML key names)."""
+    flag's type differs from the field's), ``aliases`` (extra flag and YAML key names) and
+    ``required`` (the command line must give it, though the library has a default)."""
     meta = dict(help=help, flags=tuple(flags), param=param, range=range, argument=argument,
-                cli_type=cli_type, convert=convert, aliases=tuple(aliases))
+                cli_type=cli_type, convert=convert, aliases=tuple(aliases), required=required)
     kwargs: dict[str, Any] = {"metadata": {META: {k: v for k, v in meta.items() if v}}}
     if factory is not dataclasses.MISSING:
         kwargs["default_factory"] = factory
@@ -164,14 +163,16 @@ def fields_of(cls: type) -> dict[str, Option]:
         meta = dict(owner.__dataclass_fields__[f.name].metadata.get(META, {}))
         help_text = meta.get("help") or next((d[f.name] for c in (*cls.__mro__, owner)
                                               if f.name in (d := _docstrings(c))), "")
-        default = (f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        default = (dataclasses.MISSING if meta.get("required") else f.default
+                   if f.default is not dataclasses.MISSING else f.default_factory()
                    if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
         param = meta.get("param", f.name)
         annotation = _cli_annotation(meta.get("cli_type") or hints[f.name])
         names = (f.name, *meta.get("aliases", ()))
         flags = meta.get("flags") or tuple(f"--{n.replace('_', '-')}" + (f"/--no-{n.replace('_', '-')}"
                                                                           if annotation is bool else "")
-                                           for n in names)
+                                           for n in names[:1])
+        flags = (*flags, *(f"--{n.replace('_', '-')}" for n in names[1:]))
         out[f.name] = Option(f.name, owner, annotation, default,
                              help_text, flags, param, meta.get("range"), meta.get("argument", False),
                              meta.get("convert"))
@@ -208,15 +209,19 @@ def command_options(*classes: type, only: tuple[str, ...] | None = None, exclude
 
 def command(*classes: type, name: str, only: tuple[str, ...] | None = None, exclude: tuple[str, ...] = (),
             defaults: dict[str, Any] | None = None, ranges: dict[str, Range] | None = None,
-            config_file: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+            argument: tuple[str, str] | None = None, config_file: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: ``run(ctx, given)`` becomes the typer command ``name`` whose options are
     the fields of ``classes``. ``given`` holds only the fields the user set, by field name
     (values converted as the field says). ``defaults`` shows a preset's values as the
     defaults in ``--help`` (the preset applies them; ``given`` never holds them); ``ranges``
-    narrows a field's range for this command."""
+    narrows a field's range for this command; ``argument`` (field, name) is a field this
+    command takes as its required positional argument NAME."""
     from zsearch_cli.config import ConfigOption, stage
 
     opts = command_options(*classes, only=only, exclude=exclude, defaults=defaults)
+    if argument is not None:
+        field_name, param = argument
+        opts[field_name] = dataclasses.replace(opts[field_name], argument=True, default=dataclasses.MISSING, param=param)
     by_param = {o.param: o for o in opts.values()}
     RANGES[name] = {o.param: (ranges or {}).get(o.name, o.range) for o in opts.values()
                     if (ranges or {}).get(o.name, o.range) is not None}
@@ -224,7 +229,7 @@ def command(*classes: type, name: str, only: tuple[str, ...] | None = None, excl
     def decorate(run: Callable[..., Any]) -> Callable[..., Any]:
         params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)]
         for o in sorted(opts.values(), key=lambda o: not o.argument):
-            default = ... if o.required else o.default
+            default = ... if o.required else None if o.convert and o.default in ({}, []) else o.default
             info = (typer.Argument(default, help=o.help) if o.argument
                     else typer.Option(default, *o.flags, help=o.help))
             params.append(inspect.Parameter(o.param, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=info,
@@ -260,6 +265,11 @@ def build(cls: type, given: dict[str, Any], **fixed: Any) -> Any:
     return cls(**{k: v for k, v in {**given, **fixed}.items() if k in names})
 
 
+def project(obj: Any, cls: type, **fixed: Any) -> Any:
+    """``cls`` made of the fields of ``obj`` it shares (a command's options -> a library config)."""
+    return cls(**{**{f.name: getattr(obj, f.name) for f in dataclasses.fields(cls) if hasattr(obj, f.name)}, **fixed})
+
+
 def uses(part: type, *names: str, **defaults: Any) -> Callable[[type], type]:
     """Class decorator (below ``@dataclass``): give the class the fields ``names`` of the
     dataclass ``part`` (all of them when none are named), with ``defaults`` changed. The
@@ -289,55 +299,3 @@ def uses(part: type, *names: str, **defaults: Any) -> Callable[[type], type]:
 
     return add
 
-
-# ----------------------------------------------------------------------------- not yet generated (legacy)
-
-DEVICE = typer.Option("auto", help="auto, cpu or cuda.")
-BACKEND = typer.Option("auto", help="hf, vllm or auto.")
-DTYPE = typer.Option("auto", help="auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16.")
-TOPK = typer.Option(3, help="Passages per search.")
-MAX_GRAD_NORM = typer.Option(1.0, help="Gradient-norm clip (0 = off).")
-LORA_R = typer.Option(0, help="LoRA rank (0 = full fine-tune).")
-LORA_ALPHA = typer.Option(16, help="LoRA alpha.")
-LORA_TARGETS = typer.Option("q_proj,k_proj,v_proj,o_proj", help="Modules that get LoRA adapters.")
-KEEP_CHECKPOINTS = typer.Option(2, help="Checkpoints to keep.")
-RESUME = typer.Option(False, help="Continue from the latest checkpoint in --out.")
-MIN_LR_RATIO = typer.Option(0.0, help="Cosine floor as a fraction of the lr.")
-WEIGHT_DECAY = typer.Option(0.0, help="AdamW weight decay.")
-TOP_P = typer.Option(1.0, help="Nucleus sampling mass.")
-REPORT_TO = typer.Option("none", help="none, tensorboard or wandb.")
-SAVE_ROLLOUTS = typer.Option(False, help="Write OUT/rollouts/step-N.parquet every step.")
-GRAD_ACCUM = typer.Option(1, help="Micro-batches per optimizer step.")
-MAX_STEPS = typer.Option(None, help="Optimizer steps (overrides --epochs).")
-PROTOCOL = typer.Option("tags", help="tags (Search-R1) or tool_call (Dr. Zero).")
-GRADIENT_CHECKPOINTING = typer.Option(False, help="Trade compute for memory (activations are recomputed in the backward).")
-
-LEGACY_RANGES: dict[str, Range] = {
-    # counts of things: at least one
-    **{name: AT_LEAST_1 for name in (
-        "batch_size", "micro_batch_size", "mini_batch_size", "solver_batch_size", "grad_accum", "ppo_epochs",
-        "steps", "max_steps", "iterations", "proposer_steps", "solver_steps", "questions_per_iteration",
-        "num_questions", "samples", "samples_per_question", "topk", "max_topk", "max_queries", "limit",
-        "val_limit", "eval_limit", "max_gen_batches", "keep_checkpoints", "max_turn_tokens", "max_obs_tokens",
-        "max_context_tokens", "proposer_context_tokens", "solver_context_tokens", "max_length", "max_new_tokens",
-        "concurrency", "lora_alpha", "group_size")},
-    # 0 means "off", "none" or "only at the end"
-    **{name: AT_LEAST_0 for name in (
-        "max_turns", "save_every", "val_every", "eval_every", "lora_r", "doc_words", "cache_size", "cache_mb", "retries",
-        "weight_decay", "max_grad_norm", "temperature", "beta", "k1")},
-    **{name: POSITIVE for name in ("lr", "critic_lr", "proposer_lr", "solver_lr", "epochs", "timeout",
-                                   "clip_eps", "clip_eps_high", "noise_base")},
-    **{name: FRACTION for name in ("b", "warmup_ratio", "min_lr_ratio", "noise_start", "noise_end")},
-    "clip_eps_low": Range(0, 1, lo_open=True, hi_open=True),
-    "eval_fraction": Range(0, 1, hi_open=True),
-    "top_p": Range(0, 1, lo_open=True),
-    "seed": Range(0, 2**32 - 1, why="numpy's seed range"),
-    "port": Range(0, 65535, why="0 picks a free port"),
-    "solver_samples": Range(2, why="the difficulty reward divides by n - 1"),
-    "format_bonus": ANY,
-    # per command, where one name means a different thing (COMMAND.name wins over name)
-    "solve.group_size": Range(2, why="GRPO's group baseline"),
-    "drzero.group_size": Range(2, why="GRPO's group baseline"),
-}
-"""Every int/float option of every command, by parameter name. A test checks that no
-numeric option is missing, so a new option must say here what it accepts."""

@@ -351,3 +351,45 @@ class WarmupOptions:
     out: Path = option(Path("runs/warmup/trajectories.parquet"), flags=("--out", "-o"))
     """TRAJECTORY Parquet for `zsearch sft`."""
 
+
+
+# ----------------------------------------------------------------------------- Dr. Zero
+
+
+@dataclass(kw_only=True)
+class ProposerOptions:
+    """The Dr. Zero proposer's reward: the frozen solver and the hop mix."""
+
+    solver_model: Optional[str] = None
+    """Frozen solver that measures difficulty [same as --model; loaded as a separate copy]. With
+    --solver-url: its tokenizer."""
+    solver_url: Optional[str] = None
+    """OpenAI-compatible server the solver answers from, e.g. `vllm serve SOLVER` at
+    http://127.0.0.1:8000/v1 (token ids in and out)."""
+    solver_samples: int = option(5, range=Range(2, why="the difficulty reward divides by n - 1"))
+    """Solver answers per question (n of the difficulty reward)."""
+    hop_ratio: str = "4:3:2:1"
+    """Ratio of 1:2:3:4-hop questions."""
+
+
+@dataclass(kw_only=True)
+@uses(ModelOptions, "model", "backend", "device")
+@uses(SearchConfig, index=Path("runs/index"))
+@uses(RolloutOptions, "topk", "max_turns", "max_turn_tokens", "max_obs_tokens", "max_context_tokens", "temperature")
+@uses(Seeded)
+@uses(ProposerOptions)
+class GenerateOptions:
+    """``zsearch propose --generate-only``: write a QA set from a proposer checkpoint (the rollout
+    settings are the drzero-proposer preset's unless set)."""
+
+    generate_only: bool = option(False, flags=("--generate-only",))
+    """Write a QA set from the proposer without training."""
+    out: Optional[Path] = option(None, flags=("--out", "-o"))
+    """Training: run directory [runs/propose]; --generate-only: output Parquet, PROPOSED_QA
+    [runs/propose/questions.parquet]."""
+    num_questions: int = option(64, range=AT_LEAST_1)
+    """--generate-only: proposer prompts (one seed passage each)."""
+    samples: int = option(4, range=AT_LEAST_1)
+    """--generate-only: proposer samples per prompt; the best by format score is kept."""
+    batch_size: int = option(16, range=AT_LEAST_1)
+    """Proposer prompts per step (training) or per batch (generation)."""

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.options import GenerateOptions
 from zsearch_cli.prompts import format_source_document, render_proposer_prompt
 from zsearch_cli.retrieval.base import Passage
 from zsearch_cli.rewards import em, extract_question_answer, policy_turns, proposer_format_reward, proposer_reward
@@ -154,38 +155,6 @@ def best_of(trajs: Sequence[dict[str, Any]], prompts: Sequence[ProposerPrompt], 
 
 
 # ----------------------------------------------------------------------------- generate-only
-
-
-@dataclass
-class GenerateOptions:
-    """``zsearch propose --generate-only``: write a QA set from a proposer checkpoint."""
-
-    model: str = "smollm2"
-    """Proposer: HF id, local path, checkpoint, or the smollm2 alias."""
-    solver_model: str | None = None
-    """Solver that measures difficulty; default: the same model as the proposer."""
-    solver_url: str | None = None
-    """An OpenAI-compatible server (``http://host:port/v1``) the solver answers from;
-    ``solver_model`` then names its tokenizer."""
-    index: str = "runs/index"
-    """Index directory: seed passages come from its corpus; searches go to it unless --search is http."""
-    search: str = "bm25"
-    num_questions: int = 64
-    samples: int = 4
-    """m proposer samples per prompt; the best by format score is kept (as Dr. Zero's code does)."""
-    solver_samples: int = 5
-    """n solver answers per question (the difficulty reward's n)."""
-    hop_ratio: str = "4:3:2:1"
-    seed: int = 0
-    topk: int = 3
-    max_turns: int = 5
-    max_turn_tokens: int = 512
-    max_obs_tokens: int = 512
-    max_context_tokens: int = 4096
-    temperature: float = 1.0
-    batch_size: int = 16
-    backend: str = "auto"
-    device: str = "auto"
 
 
 def make_engines(opts: Any) -> tuple[RolloutEngine, RolloutEngine, Any]:
