@@ -20,7 +20,6 @@ one would have.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -104,21 +103,9 @@ def query_rows(trajectories: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _build_engine(opts: CollectOptions):
-    from zsearch_cli.models.loading import load_backend
-    from zsearch_cli.rollout.engine import RolloutConfig, RolloutEngine
-    from zsearch_cli.rollout.protocols import PROTOCOLS
-    from zsearch_cli.search.factory import make_search_backend
+    from zsearch_cli.rollout.build import build_engine
 
-    if opts.protocol not in PROTOCOLS:
-        raise ZsearchError(f"unknown --protocol {opts.protocol!r}: use one of {', '.join(PROTOCOLS)}")
-    search = make_search_backend(opts.search, index_dir=opts.index or Path("runs/index"))
-    backend = load_backend(opts.model, backend=opts.backend, device=opts.device)
-    cfg = RolloutConfig(
-        max_turns=opts.max_turns, max_turn_tokens=opts.max_turn_tokens, max_obs_tokens=opts.max_obs_tokens,
-        max_context_tokens=opts.max_context_tokens, topk=opts.topk, temperature=opts.temperature,
-        top_p=opts.top_p, seed=opts.seed,
-    )
-    return RolloutEngine(backend, PROTOCOLS[opts.protocol](), search, cfg)
+    return build_engine(opts)
 
 
 def _check_options(opts: CollectOptions) -> None:

@@ -169,23 +169,11 @@ def evaluate_engine(engine: Any, rows: Sequence[Any], dataset: str, model: str, 
 
 
 def _build_engine(opts: EvalOptions):
-    from zsearch_cli.models.loading import load_backend
-    from zsearch_cli.rollout.engine import RolloutConfig, RolloutEngine
-    from zsearch_cli.rollout.protocols import PROTOCOLS
-    from zsearch_cli.search.factory import make_search_backend
+    from zsearch_cli.rollout.build import MAKE, build_engine
 
-    if opts.protocol not in PROTOCOLS:
-        raise ZsearchError(f"unknown --protocol {opts.protocol!r}: use one of {', '.join(PROTOCOLS)}")
-    needs_search = opts.method in ("agent", "rag")
-    search = make_search_backend(opts.search, index_dir=opts.index or Path("runs/index")) if needs_search else None
-    backend = load_backend(opts.model, backend=opts.backend, device=opts.device)
-    cfg = RolloutConfig(
-        max_turns=opts.max_turns if opts.method == "agent" else 0,
-        max_turn_tokens=opts.max_turn_tokens, max_obs_tokens=opts.max_obs_tokens,
-        max_context_tokens=opts.max_context_tokens, topk=opts.topk,
-        temperature=opts.temperature, seed=opts.seed,
-    )
-    return RolloutEngine(backend, PROTOCOLS[opts.protocol](), search, cfg), search
+    engine = build_engine(opts, search=MAKE if opts.method in ("agent", "rag") else None,
+                          max_turns=opts.max_turns if opts.method == "agent" else 0)
+    return engine, engine.search
 
 
 def _single_turn_prompts(method: str, rows, search, topk: int) -> None:

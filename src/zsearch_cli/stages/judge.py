@@ -16,7 +16,6 @@ authors trained on a useful/noisy-balanced set).
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 

@@ -160,25 +160,19 @@ def best_of(trajs: Sequence[dict[str, Any]], prompts: Sequence[ProposerPrompt], 
 def make_engines(opts: Any) -> tuple[RolloutEngine, RolloutEngine, Any]:
     """(proposer engine, solver engine, index) sharing one search backend; the solver
     shares the proposer's weights when it is the same model."""
-    from zsearch_cli.models.loading import load_backend
     from zsearch_cli.retrieval.index import load_index
-    from zsearch_cli.rollout.engine import RolloutConfig
-    from zsearch_cli.rollout.protocols import ToolCallProtocol
-    from zsearch_cli.search.factory import make_search_backend
+    from zsearch_cli.rollout.build import build_engine
     from zsearch_cli.stages.propose_train import solver_backend
 
     index = load_index(opts.index)
-    search = make_search_backend(opts.search, index_dir=opts.index)
-    proposer = load_backend(opts.model, backend=opts.backend, device=opts.device)
+    proposer = build_engine(opts, protocol="tool_call")
     if opts.solver_url or opts.solver_model not in (None, opts.model):
         solver = solver_backend(opts.solver_model or opts.model, opts.solver_url, backend=opts.backend,
                                 device=opts.device)
     else:
-        solver = proposer  # the same weights: share the loaded model
-    cfg = dict(max_turns=opts.max_turns, max_turn_tokens=opts.max_turn_tokens, max_obs_tokens=opts.max_obs_tokens,
-               max_context_tokens=opts.max_context_tokens, topk=opts.topk, temperature=opts.temperature, seed=opts.seed)
-    return (RolloutEngine(proposer, ToolCallProtocol(), search, RolloutConfig(**cfg)),
-            RolloutEngine(solver, ToolCallProtocol(), search, RolloutConfig(**{**cfg, "seed": opts.seed + 1})), index)
+        solver = proposer.backend  # the same weights: share the loaded model
+    return (proposer, build_engine(opts, backend=solver, search=proposer.search, protocol="tool_call",
+                                   seed=opts.seed + 1), index)
 
 
 def generate_questions(opts: GenerateOptions, out: Any, config: dict[str, Any]) -> list[dict[str, Any]]:

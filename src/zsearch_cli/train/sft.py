@@ -23,13 +23,11 @@ pure function of (seed, step), and the RNG, optimizer and scheduler states are r
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
 import random
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 

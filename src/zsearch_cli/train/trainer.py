@@ -99,14 +99,10 @@ class Trainer:
             search = make_search_backend(cfg.search, index_dir=cfg.index or Path("runs/index"), **search_options(cfg))
         self.search = search
         self.generation, self.uses_vllm = self._generation_backend(resume_dir)
-        from zsearch_cli.rollout.engine import RolloutConfig, RolloutEngine
-        from zsearch_cli.rollout.protocols import PROTOCOLS
+        from zsearch_cli.rollout.build import build_engine
 
-        rcfg = RolloutConfig(max_turns=cfg.max_turns, max_turn_tokens=cfg.max_turn_tokens,
-                             max_obs_tokens=cfg.max_obs_tokens, max_context_tokens=cfg.max_context_tokens,
-                             topk=cfg.topk, temperature=cfg.temperature, top_p=cfg.top_p,
-                             seed=cfg.seed + 7919 * self.accelerator.process_index)
-        self.engine = RolloutEngine(self.generation, PROTOCOLS[cfg.protocol](), self.search, rcfg)
+        self.engine = build_engine(cfg, backend=self.generation, search=self.search,
+                                   seed=cfg.seed + 7919 * self.accelerator.process_index)
         if self.validator is not None:
             self.validator.attach(self.generation, self.search, self.accelerator, cfg.batch_size * self.acfg.group_size)
         self.metrics = MetricsLog(Path(cfg.out), resolved_dict(cfg, self.accelerator.num_processes), self.accelerator,

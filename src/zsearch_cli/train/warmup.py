@@ -19,7 +19,7 @@ contain it. Keep the warm-up short (tens of steps) and let RL do the rest.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -88,7 +88,7 @@ def build_warmup_data(opts: WarmupOptions, config: dict[str, Any]) -> Path:
     from zsearch_cli.models.loading import load_tokenizer
     from zsearch_cli.rollout.protocols import get_protocol
     from zsearch_cli.schemas import TRAJECTORY, write_artifact
-    from zsearch_cli.search.factory import make_search_backend
+    from zsearch_cli.rollout.build import make_search, rollout_config
 
     try:
         protocol = get_protocol(opts.protocol)
@@ -98,10 +98,7 @@ def build_warmup_data(opts: WarmupOptions, config: dict[str, Any]) -> Path:
     rows = [QARow(r["id"], r["question"], list(r["golden_answers"])) for r in table.to_pylist()[: opts.limit]]
     if not rows:
         raise ZsearchError(f"{opts.qa}: no questions")
-    search = make_search_backend(opts.search, index_dir=opts.index)
-    cfg = RolloutConfig(topk=opts.topk, max_obs_tokens=opts.max_obs_tokens,
-                        max_context_tokens=opts.max_context_tokens)
-    trajs = teacher_trajectories(rows, load_tokenizer(opts.model), protocol, search, cfg)
+    trajs = teacher_trajectories(rows, load_tokenizer(opts.model), protocol, make_search(opts), rollout_config(opts))
     answered = sum(t["prediction"] is not None for t in trajs)
     out = Path(opts.out)
     write_artifact(trajs, out, TRAJECTORY, config)
