@@ -1,8 +1,11 @@
 """``TrainConfig``: every knob of ``zsearch train`` in one dataclass (the TRL/cleanrl pattern).
 
-Algorithm hyper-parameters that the papers fix (lr, G, β, ε, critic lr) default to ``None``,
-meaning "the algorithm's paper default" from ``algos/*.py``; :func:`algo_config` merges what
-the user set into the algorithm's frozen config. :func:`check_config` turns every invalid
+The options are composed of the parts in ``options.py`` (each declared once there) and the
+algorithm's own: the loss's hyper-parameters that the papers fix (β, ε, the critic lr, DSPO's
+budget) default to ``None``, meaning "the algorithm's paper default" from ``algos/*.py``, and
+:func:`algo_config` merges what the user set into the algorithm's frozen loss config. The
+learning rate and G are the trainer's and the rollout's: plain values (G unset takes the
+algorithm's, ``AlgoSpec.group_size``, when the config is made). :func:`check_config` turns every invalid
 combination into one :class:`ZsearchError` line before anything heavy is loaded.
 """
 
@@ -45,7 +48,7 @@ def parse_algo_args(items: list[str] | None) -> dict[str, Any]:
 @uses(SearchConfig)
 @uses(RolloutOptions)
 @uses(Seeded)
-@uses(OptimConfig, lr=None)
+@uses(OptimConfig)
 @uses(RunConfig)
 @uses(ValidationConfig)
 class TrainConfig:
@@ -64,7 +67,7 @@ class TrainConfig:
     batch_size: int = option(8, range=AT_LEAST_1)
     """B, prompts per step (DSPO: mixed groups to collect); B x G sequences (TRL counts completions)."""
     group_size: int | None = option(None, flags=("--group-size", "-G", "--num-generations"), range=AT_LEAST_1)
-    """G, responses per prompt [algo default: PPO 1, others 5]."""
+    """G, responses per prompt [the algorithm's: PPO and HRPO 1, others 5]."""
     ppo_epochs: int = option(1, range=AT_LEAST_1)
     """Passes over each rollout batch."""
     mini_batch_size: int | None = option(None, range=AT_LEAST_1)
@@ -108,6 +111,10 @@ class TrainConfig:
     preset: str | None = None
     """search-r1, zerosearch, dspo or drzero-solver: the papers' settings; flags override."""
 
+    def __post_init__(self) -> None:
+        if self.group_size is None and self.algo in _algos():
+            self.group_size = _algos()[self.algo].group_size  # the algorithm's paper G
+
     @classmethod
     def from_preset(cls, name: str | None, **overrides: Any) -> "TrainConfig":
         """Library form of ``--preset``: the preset's values, then ``overrides`` on top."""
@@ -125,6 +132,12 @@ class TrainConfig:
             if kw.get(key) is not None:
                 kw[key] = Path(kw[key])
         return cls(**kw)
+
+
+def _algos() -> dict[str, Any]:
+    from zsearch_cli.algos import ALGOS
+
+    return ALGOS
 
 
 def get_spec(name: str, staged: bool = False) -> Any:
@@ -149,7 +162,7 @@ def algo_config(cfg: TrainConfig, staged: bool = False) -> Any:
     spec = get_spec(cfg.algo, staged)
     fields = {f.name: f for f in dataclasses.fields(spec.config_cls)}
     values: dict[str, Any] = {}
-    for key in ("lr", "critic_lr", "group_size", "beta", "max_gen_batches"):
+    for key in ("critic_lr", "beta", "max_gen_batches"):
         if getattr(cfg, key) is not None and key in fields:
             values[key] = getattr(cfg, key)
     for side in ("low", "high"):
@@ -168,15 +181,16 @@ def algo_config(cfg: TrainConfig, staged: bool = False) -> Any:
     return spec.config_cls(**values)
 
 
-RESOLVED_FIELDS = ("lr", "critic_lr", "group_size", "beta", "clip_eps_low", "clip_eps_high", "max_gen_batches")
+RESOLVED_FIELDS = ("critic_lr", "beta", "clip_eps_low", "clip_eps_high", "max_gen_batches")
 """TrainConfig fields whose ``None`` means "the algorithm's paper default"."""
 
 
 def resolve_config(cfg: TrainConfig, staged: bool = False) -> TrainConfig:
     """``cfg`` with every "paper default" (``None``) replaced by the value the run uses:
-    the reward metric from the algorithm, and lr, G, β, the clip range and DSPO's budget
-    from its frozen config. What is logged and checkpointed is this, so a metrics file
-    never says ``lr: null``. Idempotent; a field the algorithm lacks (PPO's critic lr
+    the reward metric from the algorithm, and β, the clip range, PPO's critic lr and DSPO's
+    budget from its loss config (lr and G are the trainer's own, never None). What is logged
+    and checkpointed is this, so a metrics file never says ``beta: null``. Idempotent; a
+    field the algorithm lacks (PPO's critic lr
     under GRPO, clipping under HRPO) stays None."""
     spec = get_spec(cfg.algo, staged)
     with_reward = dataclasses.replace(cfg, reward=cfg.reward or spec.reward)
@@ -222,10 +236,10 @@ def check_config(cfg: TrainConfig, staged: bool = False) -> Any:
 
     need(cfg.steps >= 1, f"--steps must be >= 1, got {cfg.steps}")
     need(cfg.batch_size >= 1, f"--batch-size must be >= 1, got {cfg.batch_size}")
-    need(acfg.group_size >= 1, f"--group-size must be >= 1, got {acfg.group_size}")
-    need(acfg.group_size >= spec.group_size_min,
+    need(cfg.group_size >= 1, f"--group-size must be >= 1, got {cfg.group_size}")
+    need(cfg.group_size >= spec.group_size_min,
          f"--algo {cfg.algo} needs --group-size >= {spec.group_size_min} (a group baseline needs G >= 2), "
-         f"got {acfg.group_size}; use --algo reinforce for G = 1")
+         f"got {cfg.group_size}; use --algo reinforce for G = 1")
     need(cfg.ppo_epochs >= 1, f"--ppo-epochs must be >= 1, got {cfg.ppo_epochs}")
     need(cfg.micro_batch_size >= 1, f"--micro-batch-size must be >= 1, got {cfg.micro_batch_size}")
     need(cfg.mini_batch_size is None or cfg.mini_batch_size >= 1,
@@ -233,7 +247,7 @@ def check_config(cfg: TrainConfig, staged: bool = False) -> Any:
     if spec.on_policy:
         need(cfg.ppo_epochs == 1 and cfg.mini_batch_size is None,
              f"--algo {cfg.algo} is strictly on-policy: one update per batch (no --ppo-epochs/--mini-batch-size)")
-    need(acfg.lr > 0, f"--lr must be > 0, got {acfg.lr}")
+    need(cfg.lr > 0, f"--lr must be > 0, got {cfg.lr}")
     need(acfg.beta >= 0, f"--beta must be >= 0, got {acfg.beta}")
     if spec.needs_critic:
         need((cfg.critic_model or "").lower() != "none",
