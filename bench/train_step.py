@@ -61,7 +61,7 @@ def worker(spec: dict) -> dict:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"name": spec["name"], "setup": setup, "step": mean("time_step"), "rollout": mean("time_rollout"),
             "reward": mean("time_reward"), "update": mean("time_update"), "tokens": mean("response_length"),
-            "samples": cfg.batch_size * trainer.acfg.group_size,
+            "samples": cfg.batch_size * cfg.group_size,
             "peak_mb": peak}
 
 

@@ -265,6 +265,31 @@ def build(cls: type, given: dict[str, Any], **fixed: Any) -> Any:
     return cls(**{k: v for k, v in {**given, **fixed}.items() if k in names})
 
 
+class Record:
+    """Mixin for an options dataclass that is saved (checkpoints, metadata, lineage)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly fields (paths as strings)."""
+        return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()}  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Any:
+        """The options :meth:`to_dict` wrote (other keys are left out): a path field gets a
+        Path back, a str field a str."""
+        hints = typing.get_type_hints(cls)
+        kw = {}
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            if f.name not in data:
+                continue
+            value, kinds = data[f.name], (hints[f.name], *typing.get_args(hints[f.name]))
+            if value is not None and Path in kinds:
+                value = Path(value)
+            elif isinstance(value, Path) and str in kinds:
+                value = str(value)
+            kw[f.name] = value
+        return cls(**kw)
+
+
 def project(obj: Any, cls: type, **fixed: Any) -> Any:
     """``cls`` made of the fields of ``obj`` it shares (a command's options -> a library config)."""
     return cls(**{**{f.name: getattr(obj, f.name) for f in dataclasses.fields(cls) if hasattr(obj, f.name)}, **fixed})

@@ -130,7 +130,7 @@ class ValidationConfig:
     """Validation during training: greedy, on a real search engine."""
 
     val_data: Optional[str] = None
-    """QA file to validate on during training (greedy, real search); none = no validation."""
+    """QA file to validate on during training (greedy, real search) [none: no validation]."""
     val_every: int = option(50, range=AT_LEAST_0)
     """Validate every N steps and after the last (0 = after the last only)."""
     val_limit: Optional[int] = option(None, range=AT_LEAST_1)
@@ -160,7 +160,7 @@ class IndexOptions:
     """``zsearch index``."""
 
     corpus: Optional[Path] = option(None, argument=True)
-    """Corpus jsonl(.gz)/Parquet; default: the bundled demo corpus."""
+    """Corpus jsonl(.gz)/Parquet [the bundled demo corpus]."""
     out: Path = option(Path("runs/index"), flags=("--out", "-o"))
     """Index directory to write."""
     kind: str = "bm25"
@@ -203,7 +203,7 @@ class QueryOptions:
     question: Optional[str] = None
     """Simulator: the question the documents are for [the query]."""
     answer: Optional[list[str]] = None
-    """Simulator: a gold answer (repeatable; the first is used)."""
+    """Simulator: a gold answer (repeatable; the first is used) [none]."""
     quality: str = "useful"
     """Simulator: useful or noisy documents."""
     sim_mode: Optional[str] = None
@@ -238,9 +238,9 @@ class ShowOptions:
     file: Path = option(argument=True)
     """A trajectory, rollout (train --save-rollouts) or eval examples Parquet file."""
     ids: Optional[list[str]] = option(None, flags=("--id",))
-    """Only this trajectory id, or all samples of a question id (repeatable)."""
+    """Only this trajectory id, or all samples of a question id (repeatable) [all]."""
     where: Optional[str] = None
-    """Only correct (EM 1) or wrong (EM 0) ones."""
+    """Only correct (EM 1) or wrong (EM 0) ones [both]."""
     limit: int = option(3, range=AT_LEAST_1)
     """Show at most this many."""
 
@@ -282,9 +282,9 @@ class EvalOptions:
     batch_size: int = option(16, range=AT_LEAST_1)
     """Questions per generation batch."""
     predictions: Optional[Path] = None
-    """Score this predictions file (id, prediction[, golden_answers]) instead of a model."""
+    """Score this predictions file (id, prediction[, golden_answers]) instead of a model [none]."""
     qa: Optional[Path] = None
-    """With --predictions: QA file to join golden answers from by id."""
+    """With --predictions: QA file to join golden answers from by id [none: the predictions file's]."""
 
 
 @dataclass(kw_only=True)
@@ -297,7 +297,7 @@ class CollectOptions:
     """What ``zsearch collect`` runs: ZeroSearch's settings (five documents, five turns)."""
 
     data: Optional[Path] = option(None, flags=("--data",))
-    """QA file (jsonl/Parquet); default: the bundled demo train split."""
+    """QA file (jsonl/Parquet) [the bundled demo train split]."""
     out: Path = option(Path("runs/collect"), flags=("--out", "-o"))
     """Directory for trajectories.parquet and queries.parquet."""
     samples_per_question: int = option(5, flags=("--samples-per-question", "-G"), range=AT_LEAST_1)
@@ -318,7 +318,7 @@ class JudgeOptions:
     judge_model: str = option(flags=("--judge-model",))
     """Local HF id/path/alias, or the endpoint's model name."""
     judge_url: Optional[str] = option(None, flags=("--judge-url",))
-    """OpenAI-compatible API root, e.g. http://host:port/v1 (key: $OPENAI_API_KEY); none = a local judge."""
+    """OpenAI-compatible API root, e.g. http://host:port/v1 (key: $OPENAI_API_KEY) [none: a local judge]."""
     judge_api: str = option("chat", flags=("--judge-api",))
     """Endpoint API: chat (/chat/completions) or completions (raw prompt)."""
     out: Path = option(Path("runs/judge"), flags=("--out", "-o"))
@@ -365,7 +365,7 @@ class ProposerOptions:
     --solver-url: its tokenizer."""
     solver_url: Optional[str] = None
     """OpenAI-compatible server the solver answers from, e.g. `vllm serve SOLVER` at
-    http://127.0.0.1:8000/v1 (token ids in and out)."""
+    http://127.0.0.1:8000/v1 (token ids in and out) [none: an in-process copy]."""
     solver_samples: int = option(5, range=Range(2, why="the difficulty reward divides by n - 1"))
     """Solver answers per question (n of the difficulty reward)."""
     hop_ratio: str = "4:3:2:1"

@@ -24,7 +24,6 @@ iteration and sub-step samples differently, and the whole loop repeats from ``--
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -34,7 +33,7 @@ from typing import Any, Callable, Optional
 
 from rich.console import Console
 
-from zsearch_cli.cli_options import AT_LEAST_1, POSITIVE, Range, option, uses
+from zsearch_cli.cli_options import AT_LEAST_1, POSITIVE, Range, Record, option, uses
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.options import ModelOptions, OptimConfig, ProposerOptions, RolloutOptions, RunConfig, SearchConfig, Seeded
 from zsearch_cli.presets import PRESETS
@@ -57,7 +56,7 @@ _PROPOSER, _SOLVER = PRESETS["drzero-proposer"], PRESETS["drzero-solver"]
 @uses(OptimConfig, "lora_r")
 @uses(RunConfig, "out", "save_every", out=Path("runs/drzero"), save_every=_PROPOSER["save_every"])
 @uses(ProposerOptions, "solver_samples", "hop_ratio")
-class DrZeroOptions:
+class DrZeroOptions(Record):
     """What ``zsearch drzero`` runs; defaults are Dr. Zero's (Appendix A, Tables 5–6), from the
     drzero-proposer and drzero-solver presets."""
 
@@ -91,10 +90,7 @@ class DrZeroOptions:
     eval_data_dir: Path = Path("data")
     """Benchmark files for --eval-datasets (FlashRAG layout)."""
     eval_limit: Optional[int] = option(None, range=AT_LEAST_1)
-    """Only the first N examples of each eval dataset."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()}
+    """Only the first N examples of each eval dataset [all]."""
 
 
 def iteration_seeds(seed: int, iteration: int) -> dict[str, int]:

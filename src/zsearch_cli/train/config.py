@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from zsearch_cli.cli_options import ANY, AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, Range, option, uses
+from zsearch_cli.cli_options import ANY, AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, Range, Record, option, uses
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.options import ModelOptions, OptimConfig, RolloutOptions, RunConfig, SearchConfig, Seeded, ValidationConfig
 from zsearch_cli.presets import apply_preset
@@ -51,7 +51,7 @@ def parse_algo_args(items: list[str] | None) -> dict[str, Any]:
 @uses(OptimConfig)
 @uses(RunConfig)
 @uses(ValidationConfig)
-class TrainConfig:
+class TrainConfig(Record):
     """Options of one RL training run: the parts (``options.py``) and the algorithm's options.
     ``None`` = the algorithm's paper default."""
 
@@ -59,7 +59,7 @@ class TrainConfig:
     algo: str = "grpo"
     """reinforce, ppo, grpo, gspo, dspo (+ dspo-nofilter, dspo-token)."""
     train_data: str | None = None
-    """Comma list of QA files; default: the bundled demo train split."""
+    """Comma list of QA files [the bundled demo train split]."""
     steps: int = option(100, range=AT_LEAST_1)
     """Training steps (one rollout batch and its updates each)."""
 
@@ -83,14 +83,14 @@ class TrainConfig:
     clip_eps: float | None = option(None, range=POSITIVE, aliases=("epsilon",))
     """Ratio clip epsilon, both sides [algo default]."""
     clip_eps_low: float | None = option(None, range=Range(0, 1, lo_open=True, hi_open=True))
-    """Lower ratio clip epsilon (token ratio, or GSPO's sequence ratio)."""
+    """Lower ratio clip epsilon (token ratio, or GSPO's sequence ratio) [--clip-eps, else algo default]."""
     clip_eps_high: float | None = option(None, range=POSITIVE)
-    """Upper ratio clip epsilon."""
+    """Upper ratio clip epsilon [--clip-eps, else algo default]."""
     max_gen_batches: int | None = option(None, range=AT_LEAST_1)
     """DSPO: generation batches per step at most [10]."""
     algo_args: dict[str, Any] = option(factory=dict, flags=("--algo-arg",), param="algo_arg", cli_type=Optional[list[str]],
                                        convert=parse_algo_args)
-    """KEY=VALUE for any other algo config field (repeatable), e.g. baseline=rloo."""
+    """KEY=VALUE for any other algo config field (repeatable), e.g. baseline=rloo [none]."""
     critic_model: str | None = None
     """PPO critic backbone [a copy of the policy]; 'none' means no critic (an error for PPO)."""
     reward: str | None = None
@@ -109,7 +109,7 @@ class TrainConfig:
     """sim search: curriculum (eq. 1) or fixed (p = --noise-start) [curriculum]."""
 
     preset: str | None = None
-    """search-r1, zerosearch, dspo or drzero-solver: the papers' settings; flags override."""
+    """search-r1, zerosearch, dspo or drzero-solver: the papers' settings; flags override [none]."""
 
     def __post_init__(self) -> None:
         if self.group_size is None and self.algo in _algos():
@@ -120,18 +120,6 @@ class TrainConfig:
         """Library form of ``--preset``: the preset's values, then ``overrides`` on top."""
         return cls(**{**apply_preset(name, overrides, set(overrides)), "preset": name})
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly (paths as strings), for checkpoints and Parquet metadata."""
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in data.items() if k in names}
-        for key in ("out", "index"):
-            if kw.get(key) is not None:
-                kw[key] = Path(kw[key])
-        return cls(**kw)
 
 
 def _algos() -> dict[str, Any]:

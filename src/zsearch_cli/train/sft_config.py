@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
-from zsearch_cli.cli_options import AT_LEAST_0, AT_LEAST_1, POSITIVE, Range, option, uses
+from zsearch_cli.cli_options import AT_LEAST_0, AT_LEAST_1, POSITIVE, Range, Record, option, uses
 from zsearch_cli.options import ModelOptions, OptimConfig, RunConfig, Seeded
 
 
@@ -19,13 +19,13 @@ from zsearch_cli.options import ModelOptions, OptimConfig, RunConfig, Seeded
 @uses(OptimConfig, lr=1e-5, lr_schedule="cosine", warmup_ratio=0.03)
 @uses(RunConfig, "out", "save_every", "keep_checkpoints", "resume", out=Path("runs/sft"), save_every=100)
 @uses(Seeded)
-class SFTConfig:
+class SFTConfig(Record):
     """Options of one SFT run."""
 
     data: str = option("", argument=True, required=True, cli_type=Path, convert=str)
     """prompt/completion pairs (SFT_EXAMPLE) or trajectories (prompt_ids, response_ids, loss_mask)."""
     eval_data: Optional[str] = option(None, cli_type=Optional[Path], convert=str)
-    """Held-out file of the same kind (default: an --eval-fraction split of DATA)."""
+    """Held-out file of the same kind [an --eval-fraction split of DATA]."""
     eval_fraction: float = option(0.05, range=Range(0, 1, hi_open=True))
     """Seeded fraction of DATA held out for the eval loss (0 = none)."""
     eval_every: int = option(100, range=AT_LEAST_0)
@@ -40,28 +40,13 @@ class SFTConfig:
     epochs: float = option(1.0, range=POSITIVE)
     """Passes over the training examples (ignored when --max-steps is set)."""
     max_steps: Optional[int] = option(None, range=AT_LEAST_1)
-    """Optimizer steps (overrides --epochs)."""
+    """Optimizer steps (overrides --epochs) [from --epochs]."""
     batch_size: int = option(8, range=AT_LEAST_1)
     """Examples per forward/backward (per process); TRL's per_device_train_batch_size."""
     grad_accum: int = option(1, range=AT_LEAST_1, aliases=("gradient_accumulation_steps",))
     """Micro-batches per optimizer step: the step sees batch_size x grad_accum x processes."""
     merge_lora: bool = False
     """LoRA: also write OUT/final/merged (full weights, for vLLM)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly (paths as strings), for checkpoints and metadata."""
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "SFTConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in data.items() if k in names}
-        for key in ("data", "eval_data"):
-            if kw.get(key) is not None:
-                kw[key] = str(kw[key])
-        if kw.get("out") is not None:
-            kw["out"] = Path(kw["out"])
-        return cls(**kw)
 
 
 @dataclass(kw_only=True)
