@@ -74,7 +74,8 @@ def propose(ctx: typer.Context, given: dict) -> None:
 
 
 @command(TrainConfig, name="solve", only=(*SOLVE, "train_data"), defaults=_shown("drzero-solver", SOLVE_DEFAULTS),
-         ranges={"group_size": Range(2, why="GRPO's group baseline")}, argument=("train_data", "qa"))
+         ranges={"group_size": Range(2, why="GRPO's group baseline")}, argument=("train_data", "qa", "QA file to train on: a `propose --generate-only` PROPOSED_QA Parquet "
+                                          "(any QA file works)."))
 def solve(ctx: typer.Context, given: dict) -> None:
     """Dr. Zero solver: GRPO (G=5, EM, tool calls, Figure 6 prompt) on a proposer-generated QA set.
 

@@ -209,19 +209,20 @@ def command_options(*classes: type, only: tuple[str, ...] | None = None, exclude
 
 def command(*classes: type, name: str, only: tuple[str, ...] | None = None, exclude: tuple[str, ...] = (),
             defaults: dict[str, Any] | None = None, ranges: dict[str, Range] | None = None,
-            argument: tuple[str, str] | None = None, config_file: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+            argument: tuple[str, str, str] | None = None, config_file: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: ``run(ctx, given)`` becomes the typer command ``name`` whose options are
     the fields of ``classes``. ``given`` holds only the fields the user set, by field name
     (values converted as the field says). ``defaults`` shows a preset's values as the
     defaults in ``--help`` (the preset applies them; ``given`` never holds them); ``ranges``
-    narrows a field's range for this command; ``argument`` (field, name) is a field this
+    narrows a field's range for this command; ``argument`` (field, name, help) is a field this
     command takes as its required positional argument NAME."""
     from zsearch_cli.config import ConfigOption, stage
 
     opts = command_options(*classes, only=only, exclude=exclude, defaults=defaults)
     if argument is not None:
-        field_name, param = argument
-        opts[field_name] = dataclasses.replace(opts[field_name], argument=True, default=dataclasses.MISSING, param=param)
+        field_name, param, help_text = argument
+        opts[field_name] = dataclasses.replace(opts[field_name], argument=True, default=dataclasses.MISSING, param=param,
+                                               help=help_text)
     by_param = {o.param: o for o in opts.values()}
     RANGES[name] = {o.param: (ranges or {}).get(o.name, o.range) for o in opts.values()
                     if (ranges or {}).get(o.name, o.range) is not None}
