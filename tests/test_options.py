@@ -101,3 +101,15 @@ def test_trl_names_are_aliases_in_yaml_and_flags(monkeypatch, tmp_path):
 def test_help_says_batch_sizes_count_prompts_or_examples(command):
     text = " ".join(runner.invoke(app, [command, "--help"], terminal_width=200).output.split())
     assert "TRL" in text
+
+
+def test_drzero_defaults_are_the_dr_zero_presets():
+    from zsearch_cli.stages.drzero import DrZeroOptions
+
+    o, p, s = DrZeroOptions(), PRESETS["drzero-proposer"], PRESETS["drzero-solver"]
+    shared = ("topk", "max_turns", "max_turn_tokens", "max_obs_tokens")
+    assert {k: getattr(o, k) for k in shared} == {k: p[k] for k in shared} == {k: s[k] for k in shared}
+    assert (o.proposer_lr, o.proposer_steps, o.proposer_context_tokens, o.batch_size, o.save_every) == \
+        (p["lr"], p["steps"], p["max_context_tokens"], p["batch_size"], p["save_every"])
+    assert (o.solver_lr, o.solver_steps, o.solver_context_tokens, o.group_size) == \
+        (s["lr"], s["steps"], s["max_context_tokens"], s["group_size"])
