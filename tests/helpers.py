@@ -40,6 +40,31 @@ class ScriptedBackend:
         return outs
 
 
+PROPOSER_TURNS = (
+    '<think> Search the river. </think>\n<tool_call> {"name": "search", "arguments": {"query_list": ["Danube"]}} '
+    "</tool_call>",
+    "<think> Found it. </think>\n<question> Which sea does the river of Vienna reach? </question>\n"
+    "<answer> Black Sea </answer>",
+)
+"""A Dr. Zero proposer's two turns: one valid search, then a question whose answer it does not contain."""
+
+
+class PlayedProposer:
+    """A backend that plays PROPOSER_TURNS: the search turn, then (after a tool response) the
+    question turn. A random tiny proposer never passes the format gate; this one always does."""
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+
+    def generate(self, prompts, params, stop=()):
+        outs = []
+        for p in prompts:
+            after_search = self.tokenizer.decode(p).rstrip().endswith("</tool_response>")
+            ids = self.tokenizer.encode(PROPOSER_TURNS[int(after_search)], add_special_tokens=False)
+            outs.append(GenerationOutput(ids, [0.0] * len(ids), "stop"))
+        return outs
+
+
 @dataclass
 class RecordingSearch:
     """A real in-memory search backend that records what it was asked."""

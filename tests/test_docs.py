@@ -77,3 +77,26 @@ def test_no_citation_of_documents_outside_the_repo():
     bad = [f"{p.relative_to(ROOT)}:{i}" for p in cited_files() if p.name not in allowed
            for i, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if stale.search(line)]
     assert not bad, f"cite docs/methods.md and the paper instead: {bad}"
+
+
+def test_every_prompt_constant_lives_in_the_prompts_package():
+    # A prompt is part of a method's definition: one place to read and diff them all. Outside
+    # zsearch_cli/prompts/, no module-level string named *PROMPT* or *TEMPLATE* may be defined
+    # (imports of them are fine; booleans such as SIM_CHAT_TEMPLATE are not prompts, and a
+    # tokenizer's jinja *_CHAT_TEMPLATE belongs to the model, not to a method).
+    import ast
+
+    src = Path(__file__).resolve().parents[1] / "src" / "zsearch_cli"
+    strays = []
+    for path in sorted(src.rglob("*.py")):
+        if "prompts" in path.relative_to(src).parts:
+            continue
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+            value = getattr(node, "value", None)
+            is_text = isinstance(value, (ast.JoinedStr, ast.BinOp)) or (
+                isinstance(value, ast.Constant) and isinstance(value.value, str))
+            strays += [f"{path.relative_to(src)}:{t.id}" for t in targets
+                       if isinstance(t, ast.Name) and is_text and ("PROMPT" in t.id or "TEMPLATE" in t.id)
+                       and not t.id.endswith("CHAT_TEMPLATE")]
+    assert not strays, strays

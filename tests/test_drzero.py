@@ -27,17 +27,9 @@ from zsearch_cli.rollout.engine import QARow
 from zsearch_cli.schemas import METRICS, PROPOSED_QA, ROLLOUT, TRAJECTORY, read_artifact, read_metadata, write_artifact
 from zsearch_cli.stages.drzero import iteration_seeds
 
-from helpers import RecordingSearch
+from helpers import PlayedProposer, RecordingSearch
 
 runner = CliRunner()
-
-PROPOSER_TURNS = (
-    '<think> Search the river. </think>\n<tool_call> {"name": "search", "arguments": {"query_list": ["Danube"]}} '
-    "</tool_call>",
-    "<think> Found it. </think>\n<question> Which sea does the river of Vienna reach? </question>\n"
-    "<answer> Black Sea </answer>",
-)
-"""The warm-up completion: one valid search, then a question whose answer it does not contain."""
 
 LOOP = ["--iterations", "1", "--proposer-steps", "2", "--solver-steps", "2", "--questions-per-iteration", "4",
         "--samples", "4", "--batch-size", "2", "--solver-batch-size", "2", "-G", "2", "--max-turns", "2",
@@ -76,25 +68,6 @@ def dz(tmp_path_factory) -> SimpleNamespace:
     return SimpleNamespace(root=root, index=root / "index", model=model)
 
 
-class _Played:
-    """A backend that plays PROPOSER_TURNS: the search turn, then (after a tool response)
-    the question turn."""
-
-    def __init__(self, tokenizer: Any):
-        self.tokenizer = tokenizer
-
-    def generate(self, prompts, params, stop=()):
-        from zsearch_cli.models.base import GenerationOutput
-
-        outs = []
-        for p in prompts:
-            after_search = self.tokenizer.decode(p).rstrip().endswith("</tool_response>")
-            turn = PROPOSER_TURNS[int(after_search)]
-            ids = self.tokenizer.encode(turn, add_special_tokens=False)
-            outs.append(GenerationOutput(ids, [0.0] * len(ids), "stop"))
-        return outs
-
-
 @pytest.fixture(scope="module")
 def warm(dz) -> Path:
     """The tiny model after a short `zsearch sft` format warm-up on proposer trajectories over
@@ -111,7 +84,7 @@ def warm(dz) -> Path:
     seeds = iteration_seeds(0, 1)
     prompts = (proposer_prompts(index, 4, "4:3:2:1", seeds["generate"])
                + [p for step in (0, 1) for p in proposer_prompts(index, 2, "4:3:2:1", seeds["propose"], step)])
-    engine = RolloutEngine(_Played(tok), ToolCallProtocol(), make_search_backend("bm25", index_dir=dz.index),
+    engine = RolloutEngine(PlayedProposer(tok), ToolCallProtocol(), make_search_backend("bm25", index_dir=dz.index),
                            RolloutConfig(max_turns=2, max_turn_tokens=48))
     trajs = engine.rollout([p.row(tok) for p in prompts])
     assert all(t["num_searches"] == 1 and "</answer>" in t["response_text"] for t in trajs)

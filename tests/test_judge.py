@@ -16,7 +16,7 @@ from typer.testing import CliRunner
 from zsearch_cli.cli import app
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.llm_client import LLMClient
-from zsearch_cli.prompts_judge import build_judge_prompt, parse_verdict
+from zsearch_cli.prompts.judge import build_judge_prompt, parse_verdict
 from zsearch_cli.schemas import COLLECTED_QUERY, JUDGMENT, read_artifact, read_metadata, write_artifact
 from zsearch_cli.stages.judge import balance, label_counts
 
@@ -192,3 +192,44 @@ def test_missing_column_is_a_one_line_error(tmp_path):
     line = result.output.strip()
     assert "\n" not in line
     assert f"{bad}: missing column 'row_id'" in line and "collected_query" in line
+
+
+def test_every_completion_says_its_whole_sampling_distribution(caplog):
+    # A `vllm serve` fills any sampling field a request leaves out from the model's generation
+    # config (Qwen2.5: top_p 0.8, top_k 20, repetition_penalty 1.05), so the simulator and the
+    # judge would sample from a distribution they never asked for. Every request names all of
+    # them. A server that, like OpenAI's own API, refuses the fields OpenAI lacks gets them
+    # dropped once, with one log line, and the request still goes through.
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+
+    from zsearch_cli.llm_client import NEUTRAL_SAMPLING, OPENAI_SAMPLING, SERVER_SAMPLING
+    from zsearch_cli.retrieval.server import serving
+
+    seen: list[dict] = []
+    strict = FastAPI()
+    strict.get("/health")(lambda: {"ok": True})
+
+    @strict.post("/{kind}/completions")
+    async def completions(kind: str, request: Request):
+        body = await request.json()
+        seen.append({"kind": kind, **body})
+        if kind == "strict" and set(body) & set(SERVER_SAMPLING):
+            return JSONResponse({"error": {"message": "Unrecognized request argument supplied: top_k"}},
+                                status_code=400)
+        return {"choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}]}
+
+    with serving(strict) as url:
+        lenient = LLMClient(f"{url}/vllm/completions", "m", api="completions")
+        assert lenient.complete(["a"], max_tokens=2, temperature=0.7) == ["ok"]
+        assert {k: seen[0][k] for k in NEUTRAL_SAMPLING} == NEUTRAL_SAMPLING and seen[0]["temperature"] == 0.7
+        assert lenient.complete_one("b", max_tokens=2, top_p=0.9)  # the caller's own value wins
+        assert seen[1]["top_p"] == 0.9 and seen[1]["top_k"] == -1
+        seen.clear()
+        client = LLMClient(f"{url}/strict/completions", "m", api="completions", concurrency=1)
+        with caplog.at_level("WARNING", logger="zsearch_cli.llm_client"):
+            assert client.complete(["a", "b"], max_tokens=2, temperature=0.0) == ["ok", "ok"]
+        assert len(seen) == 3  # one refusal, then each prompt once without the extra fields
+        assert all({k: s[k] for k in OPENAI_SAMPLING} == OPENAI_SAMPLING for s in seen)
+        assert not set(seen[1]) & set(SERVER_SAMPLING) and not set(seen[2]) & set(SERVER_SAMPLING)
+        assert sum("rejects top_k/min_p/repetition_penalty" in r.message for r in caplog.records) == 1

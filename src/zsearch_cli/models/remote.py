@@ -31,7 +31,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.llm_client import LLMClient
+from zsearch_cli.llm_client import NEUTRAL_SAMPLING, LLMClient
 from zsearch_cli.models.base import GenerationOutput, SamplingParams
 from zsearch_cli.models.hf import _first_stop, _row_seed
 
@@ -93,6 +93,7 @@ class RemoteBackend:
 
     def _body(self, prompt: Sequence[int], params: SamplingParams, stop: Sequence[str], row: int) -> dict[str, Any]:
         body: dict[str, Any] = {
+            **NEUTRAL_SAMPLING,  # a server would fill what we leave out from the model's generation config
             "prompt": [int(i) for i in prompt],
             "max_tokens": params.max_new_tokens,
             "temperature": 0.0 if params.greedy else params.temperature,

@@ -23,8 +23,12 @@ for real (``tests/vllm/``). Settings that differ by platform come from it:
   GPU) on accelerators only; on the CPU the KV cache is ``VLLM_CPU_KVCACHE_SPACE`` GiB (an
   environment variable vLLM reads; unset, it takes half of RAM).
 
-Verified on the CPU build: generation, logprobs, seeds, stops and the weight sync. Not
-verified anywhere yet: the CUDA kernels, bf16 numerics and GPU memory behaviour.
+Several processes (DDP): one whole engine per process on that process's device; see
+:func:`process_settings`.
+
+Verified on the CPU build: generation, logprobs, seeds, stops, the weight sync, and DDP with
+2 processes. Not verified anywhere yet: the CUDA kernels, bf16 numerics and GPU memory
+behaviour.
 
 vLLM is an optional dependency (``zsearch[gpu]`` or the CPU build); nothing here imports it
 until a backend is built.
@@ -79,6 +83,37 @@ def engine_settings(platform: Any, dtype: str, gpu_memory_utilization: float | N
         frac = DEFAULT_GPU_MEMORY_UTILIZATION if gpu_memory_utilization is None else gpu_memory_utilization
         settings["gpu_memory_utilization"] = frac
     return settings
+
+
+def process_settings(llm_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The ``vllm.LLM`` arguments for a process of a multi-process (DDP) run: one whole engine
+    per process, on that process's own device.
+
+    Why ``external_launcher``: vLLM's default in-process executor (``uni``) gives its worker
+    local rank 0 in every process, so under ``accelerate launch`` on N GPUs every engine would
+    land on ``cuda:0``. ``external_launcher`` is vLLM's mode for engines started by a
+    torchrun-style launcher: the worker takes ``RANK`` and ``LOCAL_RANK`` from the
+    environment (``accelerate launch`` sets both) and so the device of its own process. It
+    reuses the ``torch.distributed`` world the trainer already joined (vLLM skips its own
+    init when one exists) and, with tensor parallel size 1, gives each process a model-parallel
+    group of its own: the engines share nothing and never talk during generation. The only
+    collectives are at start-up (group creation and a minimum of free memory), which every
+    process reaches together because the trainer builds its engine at the same point. This is
+    what TRL's colocated mode does too.
+
+    One process (or no ``torch.distributed``): nothing, the in-process ``uni`` executor."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return {}
+    if int(llm_kwargs.get("tensor_parallel_size", 1)) != 1:
+        raise ZsearchError("--backend vllm with several processes runs one whole engine per process: "
+                           "tensor_parallel_size must be 1")
+    if "LOCAL_RANK" not in os.environ:
+        raise ZsearchError("--backend vllm with several processes needs LOCAL_RANK in the environment "
+                           "(start the run with accelerate launch or torchrun)")
+    os.environ.setdefault("RANK", str(dist.get_rank()))
+    return {"distributed_executor_backend": "external_launcher"}
 
 
 def _finish(completion: Any) -> tuple[str, str | None]:
@@ -138,6 +173,7 @@ class VLLMBackend:
             enable_prefix_caching=enable_prefix_caching,
             logprobs_mode="processed_logprobs",
             **engine_settings(platform, dtype, gpu_memory_utilization),
+            **process_settings(llm_kwargs),
             **llm_kwargs,
         )
         self.dtype = self.llm.llm_engine.model_config.dtype

@@ -20,13 +20,13 @@ from dataclasses import dataclass, fields
 from typing import Any, Sequence
 
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.prompts.simulator import PROMPT_MODE_SYSTEM
 from zsearch_cli.retrieval.base import Passage
 from zsearch_cli.search.base import SearchBackendError, SearchRequest, SearchResult
 from zsearch_cli.search.curriculum import NoiseCurriculum, derived_seed
 from zsearch_cli.search.sim_text import (
     MODES,
     PLACEHOLDER_DOC,
-    PROMPT_MODE_SYSTEM,
     SFT_DOCS,
     SIM_CHAT_TEMPLATE,
     parse_documents,

@@ -35,6 +35,7 @@ from zsearch_cli.data.demo import demo_qa
 from zsearch_cli.data.qa import BENCHMARK_SPLITS, dataset_key, find_dataset_file, load_qa, resolve_datasets
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.options import EvalOptions
+from zsearch_cli.prompts.baselines import COT_PROMPT, DIRECT_PROMPT, RAG_PROMPT
 from zsearch_cli.protocol import METRIC_VERSION, RESUME_FIELDS, Protocol, build_protocol, differing, file_fingerprint
 from zsearch_cli.rewards import score_answer
 from zsearch_cli.schemas import (
@@ -54,23 +55,6 @@ from zsearch_cli.schemas import (
 # into one letter per line; a terminal keeps its own width.
 console = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
 METHODS = ("direct", "cot", "rag", "agent")
-
-# Single-turn baselines. They end in the same <answer> tag so one extractor scores all.
-DIRECT_PROMPT = (
-    "Answer the given question directly, inside <answer> and </answer>, without detailed "
-    "illustrations. For example, <answer> Beijing </answer>. Question: {question}"
-)
-COT_PROMPT = (
-    "Answer the given question. You must conduct reasoning inside <think> and </think> first. "
-    "After reasoning, provide the answer inside <answer> and </answer>, without detailed "
-    "illustrations. For example, <answer> Beijing </answer>. Question: {question}"
-)
-RAG_PROMPT = (
-    "Answer the given question using the documents below. You may reason inside <think> and "
-    "</think> first, then provide the answer inside <answer> and </answer>, without detailed "
-    "illustrations. For example, <answer> Beijing </answer>.\n\nDocuments:\n{documents}\n\nQuestion: {question}"
-)
-
 
 EVAL_RESUME_MAY_CHANGE = {"datasets", "data_dir", "download", "out", "limit", "batch_size", "device", "backend",
                           "predictions", "qa"}

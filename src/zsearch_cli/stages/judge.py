@@ -3,7 +3,7 @@ with an LLM judge (ZeroSearch §3.3), the labels of the simulator's fine-tuning 
 
 The judge is a local model (HF or vLLM, greedy, chat template) or any OpenAI-compatible
 endpoint. It sees the question, the gold answers, the query and the documents (the prompt
-and its rationale are in :mod:`zsearch_cli.prompts_judge`) and must reply ``Verdict: yes``
+and its rationale are in :mod:`zsearch_cli.prompts.judge`) and must reply ``Verdict: yes``
 or ``Verdict: no``. Outputs that do not parse are kept with a null label and the reason,
 and counted in the summary; they are never guessed into a label.
 
@@ -25,7 +25,7 @@ from rich.table import Table
 
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.options import JudgeOptions
-from zsearch_cli.prompts_judge import JUDGE_PROMPT_VERSION, LABELS, build_judge_prompt, parse_verdict
+from zsearch_cli.prompts.judge import JUDGE_PROMPT_VERSION, LABELS, build_judge_prompt, parse_verdict
 from zsearch_cli.schemas import COLLECTED_QUERY, JUDGMENT, read_artifact, read_metadata, write_artifact
 
 console = Console(stderr=True)

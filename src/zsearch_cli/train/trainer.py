@@ -231,7 +231,7 @@ class Trainer:
         if self.uses_vllm:
             policy = self.accelerator.unwrap_model(self.policy)
             self.generation.update_weights(merged_weights(policy))
-            self.sync_mismatch = self._probe_mismatch(policy)
+            self.sync_mismatch = self._worst_over_processes(self._probe_mismatch(policy))
             tol = logp_tolerance(self.generation.dtype)
             if self.sync_mismatch > tol:
                 raise ZsearchError(f"the vLLM weight sync failed: after it, the engine's logprobs of a probe "
@@ -240,6 +240,15 @@ class Trainer:
                                    "from the weights being trained")
         elif self.generation_copy is not None:
             sync_generation_copy(self.accelerator, self.policy, self.generation_copy)
+
+    def _worst_over_processes(self, value: float) -> float:
+        """The largest ``value`` of all processes (a collective; itself on one process), so that
+        a guard on it stops every process together instead of leaving the others to hang."""
+        if self.accelerator.num_processes == 1:
+            return value
+        worst = torch.tensor([value], dtype=torch.float64, device=self.accelerator.device)
+        torch.distributed.all_reduce(worst, op=torch.distributed.ReduceOp.MAX)
+        return float(worst.item())
 
     def _probe_mismatch(self, policy: Any) -> float:
         """max |engine − policy| logprob over a fixed probe sequence (raw log-softmax both)."""
