@@ -8,7 +8,7 @@ STAMP  := $(VENV)/.zsearch-setup
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml src/zsearch_cli/retrieval/_maxscore.c
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
@@ -32,7 +32,7 @@ VLLM_ENV   := VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_CI_ENV=1 VLLM_LOGGING_LEVEL=WARN
 
 setup-vllm: $(VLLM_STAMP)
 
-$(VLLM_STAMP): pyproject.toml
+$(VLLM_STAMP): pyproject.toml src/zsearch_cli/retrieval/_maxscore.c
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_PY) -m pip install -qq --upgrade pip
 	$(VLLM_PY) -m pip install -qq torch==2.13.0
@@ -47,6 +47,7 @@ $(VLLM_STAMP): pyproject.toml
 test: test-main test-vllm
 
 test-main: setup
+	@$(PY) -c "import zsearch_cli.retrieval._maxscore" 2>/dev/null || { echo "error: the BM25 C loop (src/zsearch_cli/retrieval/_maxscore.c) is not built: install a C compiler, then make clean setup"; exit 1; }
 	$(PY) -m pytest tests -m 'not vllm' --ignore=tests/vllm
 
 test-vllm:
@@ -67,4 +68,4 @@ bench: setup
 	$(PY) bench/generate.py
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache build *.egg-info src/*.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache build *.egg-info src/*.egg-info src/zsearch_cli/retrieval/_maxscore*.so

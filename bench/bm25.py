@@ -121,7 +121,10 @@ def worker(engine: str, root: Path, topk: int, n_rank: int, repeats: int) -> dic
         build_index(root / "corpus.jsonl", root / "zs_index", {"kind": "bm25", "k1": K1, "b": B})
         index_s, build_peak = time.perf_counter() - t, _rss_mb()
         runs = {}
-        for mode in ("maxscore", "exhaustive"):
+        from zsearch_cli.retrieval.maxscore import KERNEL
+
+        modes = ("maxscore", "maxscore-numpy", "exhaustive") if KERNEL else ("maxscore-numpy", "exhaustive")
+        for mode in modes:
             for n in (0, threads):
                 index = load_index(root / "zs_index", n_threads=n)
                 index._bm25.mode = mode
@@ -274,7 +277,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = Console(width=None if sys.stdout.isatty() else 140)  # a log file gets the whole table
     rows = []
     for n_docs in (int(d) for d in args.docs.split(",")):
         rows += run_size(args, n_docs, console)

@@ -81,7 +81,7 @@ def setup(root: Path, args: Any) -> tuple[Path, Path, Path]:
                            RolloutConfig(max_turns=2, max_turn_tokens=48))
     rows = [p.row(tok) for step in range(args.steps + 1)
             for p in proposer_prompts(load_index(index), args.prompts, "4:3:2:1", SEED, step)]
-    data = write_artifact(engine.rollout(rows), root / "warmup.parquet", TRAJECTORY)
+    data = write_artifact([t.to_row() for t in engine.rollout(rows)], root / "warmup.parquet", TRAJECTORY)
     warm = run_sft(SFTConfig(data=str(data), model=str(base), out=root / "warm", max_steps=args.warmup_steps,
                              lr=5e-3, batch_size=2, max_length=4096, eval_fraction=0.0, save_every=0,
                              warmup_ratio=0.0, device="cpu"))
@@ -106,31 +106,31 @@ def measure(mode: str, algo: str, group: int, n: int, args: Any, index: Path, ba
     reward = ProposerReward(data, n)
     trainer = Trainer(cfg, search=search, data=data, batch_reward_fn=reward)
     reward.solver = solver_engine(str(base), cfg, search, "cpu")
-    log: dict[str, list[dict[str, Any]]] = {"proposer": [], "solver": []}
+    log: dict[str, list[Any]] = {"proposer": [], "solver": []}
     solve = reward.solver.rollout
 
-    def counted(*a: Any, **kw: Any) -> list[dict[str, Any]]:
+    def counted(*a: Any, **kw: Any) -> list[Any]:
         out = solve(*a, **kw)
         log["solver"] += out
         return out
 
     reward.solver.rollout = counted
     score = reward.__call__
-    reward_fn = lambda trajs: (log["proposer"].extend(trajs), score(trajs))[1]  # noqa: E731
+    reward_fn = lambda trajs, step: (log["proposer"].extend(trajs), score(trajs, step))[1]  # noqa: E731
     trainer.batch_reward_fn = reward_fn
     steps = []
-    for step in range(args.steps + 1):
+    for step in range(1, args.steps + 2):
         log["proposer"].clear()
         log["solver"].clear()
         row = trainer.train_step(step)
-        if step == 0:
+        if step == 1:
             continue  # first-call overheads
         trajs = log["proposer"] + log["solver"]
-        steps.append({"proposer": len(log["proposer"]), "solver": len(log["solver"]), "gate": row["gate_pass"],
-                      "sampled": sum(t["policy_tokens"] for t in trajs),
-                      "response": sum(t["response_tokens"] for t in trajs),
-                      "rollout_s": row["time_rollout"], "reward_s": row["time_reward"],
-                      "update_s": row["time_update"], "step_s": row["time_step"]})
+        steps.append({"proposer": len(log["proposer"]), "solver": len(log["solver"]), "gate": row["proposer/gate_pass"],
+                      "sampled": sum(t.policy_tokens for t in trajs),
+                      "response": sum(t.response_tokens for t in trajs),
+                      "rollout_s": row["time/rollout"], "reward_s": row["time/reward"],
+                      "update_s": row["time/update"], "step_s": row["time/step"]})
     mean = {k: statistics.mean(s[k] for s in steps) for k in steps[0]}
     return {"mode": mode, "per_prompt": f"{group} + {group}x{n} = {group * (1 + n)}",
             "nominal": args.prompts * group * (1 + n), **mean}

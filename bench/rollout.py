@@ -30,6 +30,7 @@ from zsearch_cli.rollout.engine import QARow, RolloutConfig, RolloutEngine
 from zsearch_cli.rollout.protocols import TagsProtocol
 from zsearch_cli.schemas import read_artifact, QA
 from zsearch_cli.data.demo import demo_qa
+from zsearch_cli.search.base import SearchBackend
 from zsearch_cli.search.local import IndexSearch
 
 # Reasoning of about 100 tokens per turn, as trained Search-R1 policies write; the
@@ -68,7 +69,7 @@ class FakeGenerator:
         return outs
 
 
-class TimedSearch:
+class TimedSearch(SearchBackend):
     def __init__(self, inner):
         self.inner, self.seconds, self.name = inner, 0.0, inner.name
 
@@ -77,9 +78,6 @@ class TimedSearch:
         out = self.inner.search(requests, topk)
         self.seconds += time.perf_counter() - t0
         return out
-
-    def set_progress(self, step, total):
-        pass
 
 
 def overhead(rows: int, group: int, tps: float, work: Path) -> dict:
@@ -98,7 +96,7 @@ def overhead(rows: int, group: int, tps: float, work: Path) -> dict:
     trajs = engine.rollout(batch, group_size=group)
     wall = time.perf_counter() - t0
     return {"samples": len(trajs), "wall": wall, "generate": gen.seconds, "search": search.seconds,
-            "engine": wall - gen.seconds - search.seconds, "tokens": sum(t["response_tokens"] for t in trajs)}
+            "engine": wall - gen.seconds - search.seconds, "tokens": sum(t.response_tokens for t in trajs)}
 
 
 def _tps(backend, prompt, batch_sizes, new_tokens) -> list[float]:

@@ -53,14 +53,14 @@ def worker(spec: dict) -> dict:
     t0 = time.perf_counter()
     trainer = Trainer(cfg)
     setup = time.perf_counter() - t0
-    rows = [trainer.train_step(s) for s in range(cfg.steps)][1:]  # drop the warm-up step
+    rows = [trainer.train_step(s) for s in range(1, cfg.steps + 1)][1:]  # drop the warm-up step
     mean = lambda k: sum(r[k] or 0.0 for r in rows) / len(rows)  # noqa: E731
     if torch.cuda.is_available() and spec["device"] != "cpu":
         peak = torch.cuda.max_memory_allocated() / 2**20
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"name": spec["name"], "setup": setup, "step": mean("time_step"), "rollout": mean("time_rollout"),
-            "reward": mean("time_reward"), "update": mean("time_update"), "tokens": mean("response_length"),
+    return {"name": spec["name"], "setup": setup, "step": mean("time/step"), "rollout": mean("time/rollout"),
+            "reward": mean("time/reward"), "update": mean("time/update"), "tokens": mean("rollout/response_length"),
             "samples": cfg.batch_size * cfg.group_size,
             "peak_mb": peak}
 

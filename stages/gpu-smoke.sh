@@ -67,10 +67,10 @@ print(f"{'step':>4} {'total s':>8} {'rollout':>8} {'reward':>8} {'update':>8} {'
 def f(v, fmt):
     return "-" if v is None else format(v, fmt)
 for r in rows:
-    update = r.get("time_update")
-    sync = r.get("time_sync")
-    print(f"{r['step']:>4} {f(r.get('time_step'), '8.1f')} {f(r.get('time_rollout'), '8.1f')} "
-          f"{f(r.get('time_reward'), '8.2f')} {f(None if update is None else update - (sync or 0), '8.1f')} "
-          f"{f(sync, '8.2f')} {f(r.get('sync_mismatch'), '13.2e')} {f(r.get('logp_mismatch'), '14.2e')}")
+    update = r.get("time/update")
+    sync = r.get("time/sync")
+    print(f"{r['step']:>4} {f(r.get('time/step'), '8.1f')} {f(r.get('time/rollout'), '8.1f')} "
+          f"{f(r.get('time/reward'), '8.2f')} {f(None if update is None else update - (sync or 0), '8.1f')} "
+          f"{f(sync, '8.2f')} {f(r.get('rollout/sync_mismatch'), '13.2e')} {f(r.get('rollout/logp_mismatch'), '14.2e')}")
 PYEOF
 echo "gpu-smoke: done ($OUT)"

@@ -12,7 +12,8 @@ from typing import Any, Sequence
 
 from zsearch_cli.models.base import GenerationOutput, SamplingParams
 from zsearch_cli.retrieval.base import Passage
-from zsearch_cli.search.base import SearchRequest, SearchResult
+from zsearch_cli.rollout.trajectory import Trajectory
+from zsearch_cli.search.base import SearchBackend, SearchRequest, SearchResult
 
 
 class ScriptedBackend:
@@ -66,7 +67,7 @@ class PlayedProposer:
 
 
 @dataclass
-class RecordingSearch:
+class RecordingSearch(SearchBackend):
     """A real in-memory search backend that records what it was asked."""
 
     docs: dict[str, list[Passage]] = field(default_factory=dict)
@@ -76,9 +77,6 @@ class RecordingSearch:
     def search(self, requests: Sequence[SearchRequest], topk: int) -> list[SearchResult]:
         self.requests.append(list(requests))
         return [SearchResult(self.docs.get(r.query, [Passage("d0", "Nothing", "no result")])[:topk]) for r in requests]
-
-    def set_progress(self, step: int, total_steps: int) -> None:
-        pass
 
 
 def vllm_style_app(backend: Any, *, ids_as: str = "token_ids", tokenize: bool = True, model_name: str = "solver-1") -> Any:
@@ -131,3 +129,21 @@ def vllm_style_app(backend: Any, *, ids_as: str = "token_ids", tokenize: bool = 
         return {"id": "cmpl-1", "object": "text_completion", "model": model_name, "choices": [choice]}
 
     return app
+
+
+def make_trajectory(tid: str = "r#0", **fields: Any) -> Trajectory:
+    """A hand-made :class:`Trajectory` (``tid`` = "row#sample"): token fields from
+    ``response_ids``/``loss_mask`` when given, every other field a plain default."""
+    row_id, sample = tid.split("#")
+    response = list(fields.pop("response_ids", []))
+    prompt = list(fields.pop("prompt_ids", [1]))
+    mask = list(fields.pop("loss_mask", [1] * len(response)))
+    turns = fields.pop("turns", [])
+    values: dict[str, Any] = dict(
+        id=tid, row_id=row_id, sample_index=int(sample), group_id=f"0:{row_id}", question=f"Question {row_id}?",
+        golden_answers=[], prompt_ids=prompt, response_ids=response, loss_mask=mask,
+        logprobs=[0.0] * len(response), turns=turns, response_text="", prediction=None, finish_reason="answer",
+        num_turns=len(turns), num_searches=0, num_invalid=0, prompt_tokens=len(prompt),
+        response_tokens=len(response), policy_tokens=sum(mask))
+    values.update(fields)
+    return Trajectory(**values)

@@ -12,8 +12,11 @@ from zsearch_cli.errors import ZsearchError
 from zsearch_cli.retrieval.bm25 import BLOCK_MAX_FILE, TERM_MAX_FILE, BM25Searcher, top_k
 from zsearch_cli.retrieval.index import build_index, load_index
 from zsearch_cli.retrieval import maxscore
-from zsearch_cli.retrieval.maxscore import (ImpactIndex, block_pointers, block_upper_bounds, maxscore_top_k,
-                                             term_upper_bounds)
+from zsearch_cli.retrieval.maxscore import (ImpactIndex, block_pointers, block_upper_bounds, kernel_top_k,
+                                             maxscore_top_k, term_upper_bounds)
+
+needs_kernel = pytest.mark.skipif(not maxscore.KERNEL, reason="the C loop is not built (make setup builds it, "
+                                                                "and make test refuses to run without it)")
 
 
 def exhaustive(query: list[int], k: int, data, indices, indptr, n_docs: int):
@@ -65,6 +68,50 @@ def test_maxscore_equals_exhaustive_on_random_indexes(seed: int, small: int, mon
                 assert got_s.tobytes() == want_s.astype(np.float32).tobytes(), (query, k)
             checked += len(want_r)
     assert checked > 0
+
+
+@needs_kernel
+@pytest.mark.parametrize("seed", range(12))
+def test_c_loop_equals_exhaustive_on_random_indexes(seed: int) -> None:
+    """The C loop (document-at-a-time MaxScore): bit-identical scores and identical rows to
+    the reference, on indexes large enough that pruning and the non-essential seeks happen
+    (up to 5,000 passages, long lists), few distinct contributions (ties everywhere), k from 1
+    to beyond the matches, repeated terms, empty columns, and long queries."""
+    rng = np.random.default_rng(100 + seed)
+    n_docs, n_terms = int(rng.integers(1, 5000)), int(rng.integers(1, 60))
+    data, indices, indptr = random_csc(rng, n_docs, n_terms, levels=int(rng.integers(1, 6)))
+    ix = ImpactIndex(data, indices, indptr, term_upper_bounds(data, indptr), n_docs)
+    checked = 0
+    for _ in range(60):
+        query = rng.integers(0, n_terms, size=int(rng.integers(1, 9 if rng.random() < 0.9 else 200))).tolist()
+        if rng.random() < 0.3:  # repeated terms
+            query += query[: int(rng.integers(1, len(query) + 1))]
+        for k in (1, 2, 10, 100, n_docs + 5):
+            want_s, want_r = exhaustive(query, k, data, indices, indptr, n_docs)
+            got_s, got_r = kernel_top_k(query, k, ix)
+            assert got_r.tolist() == want_r.tolist(), (query, k)
+            assert got_s.tobytes() == want_s.astype(np.float32).tobytes(), (query, k)
+            checked += len(want_r)
+    assert checked > 0
+
+
+@needs_kernel
+def test_c_loop_ties_and_bad_input() -> None:
+    # Six identical passages: top-2 must be rows 0 and 1 even though row 4 and 5 score more on
+    # the second term (a loop that kept the first-found ties would differ once pruning starts).
+    data = np.array([1.0] * 6 + [0.5, 0.5], dtype=np.float32)
+    indices = np.array([0, 1, 2, 3, 4, 5, 4, 5], dtype=np.int32)
+    indptr = np.array([0, 6, 8], dtype=np.int64)
+    ix = ImpactIndex(data, indices, indptr, term_upper_bounds(data, indptr), 6)
+    s, r = kernel_top_k([0], 2, ix)
+    assert r.tolist() == [0, 1] and s.tolist() == [1.0, 1.0]
+    s, r = kernel_top_k([0, 1], 3, ix)
+    assert r.tolist() == [4, 5, 0] and s.tolist() == [1.5, 1.5, 1.0]
+    assert kernel_top_k([], 3, ix)[1].tolist() == [] and kernel_top_k([0], 0, ix)[1].tolist() == []
+    with pytest.raises(IndexError, match="outside the index's 2 terms"):
+        kernel_top_k([2], 3, ix)  # the searcher never sends one; the loop still refuses it
+    with pytest.raises(TypeError):
+        kernel_top_k([0], 3, ImpactIndex(data.astype(np.float64), indices, indptr, ix.term_max, 6))
 
 
 def test_term_upper_bounds_are_column_maxima() -> None:
@@ -129,16 +176,17 @@ def test_index_search_modes_agree_end_to_end(tmp_path: Path, small: int, monkeyp
     out = build_index(tmp_path / "c.jsonl", tmp_path / "idx", {"kind": "bm25", "stemmer": "none", "stopwords": "none"})
     assert (out / "bm25" / TERM_MAX_FILE).is_file() and (out / "bm25" / BLOCK_MAX_FILE).is_file()
     index = load_index(out, n_threads=2)
-    assert index._bm25.mode == "maxscore"
+    assert index._bm25.mode == "maxscore"  # the C loop where built, else the numpy one
     queries = [" ".join(rng.choice(words + ["zzunknown"], size=int(rng.integers(0, 8)))) for _ in range(200)]
     queries += ["", "zzunknown", "w0 w0 w0 w1"]
     for k in (1, 3, 50, 400):
-        pruned = index._bm25.search(queries, k)
-        index._bm25.mode = "exhaustive"
-        reference = index._bm25.search(queries, k)
-        index._bm25.mode = "maxscore"
-        assert pruned[1].tolist() == reference[1].tolist()
-        assert pruned[0].tobytes() == reference[0].tobytes()
+        results = {}
+        for mode in ("maxscore", "maxscore-numpy", "exhaustive"):
+            index._bm25.mode = mode
+            results[mode] = index._bm25.search(queries, k)
+        for mode in ("maxscore", "maxscore-numpy"):
+            assert results[mode][1].tolist() == results["exhaustive"][1].tolist()
+            assert results[mode][0].tobytes() == results["exhaustive"][0].tobytes()
 
 
 def test_unknown_mode_is_one_line_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -221,3 +221,20 @@ def test_train_resume_skips_a_truncated_checkpoint(tmp_path, tiny_model_dir, dem
     assert result.exit_code == 0, text
     assert "skipping step-2 (model.safetensors" in text and "using step-1" in text, text
     assert "resuming from" in text and "step 1/3" in text, text
+
+
+def test_a_checkpoint_with_old_metric_rows_is_refused_in_one_line(tmp_path):
+    # Before metrics were namespaced and counted from 1, a checkpoint's rows said step 0 and
+    # "reward_mean": resuming would mix the two conventions in one metrics file.
+    from types import SimpleNamespace
+
+    from zsearch_cli.train.checkpoint import METRICS_FORMAT, STATE_FILE, check_resumable
+
+    old = tmp_path / "step-1"
+    old.mkdir()
+    (old / STATE_FILE).write_text(json.dumps({"step": 1, "metrics": [{"step": 0, "reward_mean": 0.5}]}))
+    with pytest.raises(ZsearchError) as err:
+        check_resumable(old, None)
+    assert "written by an older zsearch" in str(err.value) and "\n" not in str(err.value)
+    (old / STATE_FILE).write_text(json.dumps({"step": 1, "metrics_format": METRICS_FORMAT, "metrics": []}))
+    check_resumable(old, SimpleNamespace(distributed_type="NO", num_processes=1))  # today's format resumes

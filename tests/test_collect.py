@@ -3,7 +3,6 @@ and the CLI end to end on the tiny model over a real BM25 index, with resuming."
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -14,11 +13,12 @@ from zsearch_cli.cli import app
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.retrieval.base import Passage
 from zsearch_cli.rollout.engine import QARow, RolloutConfig, RolloutEngine
+from zsearch_cli.rollout.trajectory import Trajectory
 from zsearch_cli.rollout.protocols import TagsProtocol
 from zsearch_cli.schemas import COLLECTED_QUERY, TRAJECTORY, read_artifact, read_metadata
 from zsearch_cli.stages.collect import query_rows
 
-from helpers import RecordingSearch, ScriptedBackend
+from helpers import RecordingSearch, ScriptedBackend, make_trajectory
 
 runner = CliRunner()
 
@@ -27,10 +27,8 @@ def _doc(i: str, title: str, text: str) -> dict:
     return {"id": i, "title": title, "text": text}
 
 
-def _traj(tid: str, prediction: str | None, golds: list[str], turns: list[dict]) -> dict:
-    row_id, sample = tid.split("#")
-    return {"id": tid, "row_id": row_id, "sample_index": int(sample), "question": f"Question {row_id}?",
-            "golden_answers": golds, "prediction": prediction, "turns": json.dumps(turns)}
+def _traj(tid: str, prediction: str | None, golds: list[str], turns: list[dict]):
+    return make_trajectory(tid, golden_answers=golds, prediction=prediction, turns=turns)
 
 
 def test_query_rows_from_hand_made_trajectories():
@@ -80,7 +78,7 @@ def test_engine_records_returned_documents_in_turn_log(tiny_backend):
                                         "<answer> Danube </answer>"]})
     engine = RolloutEngine(backend, TagsProtocol(), search, RolloutConfig(topk=2, max_turns=3))
     (traj,) = engine.rollout([QARow("r", q, ["Danube"])])
-    log = json.loads(traj["turns"])
+    log = traj.turns
     assert log[0]["docs"] == [[{"id": "geo-1", "title": "Danube", "text": "The Danube flows through Vienna."},
                                {"id": "geo-2", "title": "Vienna", "text": "Austria."}]]
     rows = query_rows([traj])
@@ -114,7 +112,7 @@ def test_collect_cli_end_to_end_resume_matches_a_fresh_run(tmp_path, demo_index,
     assert read_metadata(out / "trajectories.parquet")["config"]["samples_per_question"] == 2
     queries = pq.read_table(out / "queries.parquet")  # may have no rows: the random model rarely searches
     assert queries.schema.remove_metadata() == COLLECTED_QUERY.schema
-    assert queries.to_pylist() == query_rows(trajs.to_pylist())
+    assert queries.to_pylist() == query_rows([Trajectory.from_row(r) for r in trajs.to_pylist()])
     assert read_metadata(out / "queries.parquet")["artifact"] == "collected_query"
 
     result = _collect(out, demo_index, tiny_model_dir, "--limit", "3")

@@ -86,8 +86,8 @@ def _worker(argv: list[str]) -> None:
         _shard_on_cpu()
     out = Path(argv[argv.index("--out") + 1])
     rank = int(os.environ.get("RANK", "0"))
-    # the model's text length: differs within every group (the turns list, or one string)
-    collect.outcome_reward = lambda text, *args, **kwargs: len(text if isinstance(text, str) else "".join(text)) / 1000
+    # the model's text length: differs within every group
+    collect.trajectory_reward = lambda prediction, turns, *args, **kwargs: len("".join(turns)) / 1000
     atomic_dir = checkpoint.atomic_dir
 
     def logged_atomic_dir(target: Path, write: Any) -> Path:
@@ -126,7 +126,10 @@ def _update_worker(out: Path, model_dir: str, algo: str, batch_size: int) -> Non
 
     from zsearch_cli.train.config import TrainConfig, algo_config, check_even_shards, get_spec, resolve_config
     from zsearch_cli.train.models import load_critic, load_policy
-    from zsearch_cli.train.update import StepModels, advantages, optimize, rollout_tensors
+    from zsearch_cli.train.collect import Sample
+    from zsearch_cli.train.update import StepModels, advantages, optimize, rollout_tensors, step_batch
+
+    from helpers import make_trajectory
 
     torch.set_num_threads(1)
     acc = Accelerator(cpu=True)
@@ -143,9 +146,10 @@ def _update_worker(out: Path, model_dir: str, algo: str, batch_size: int) -> Non
             n = 3 + (5 * p + 3 * g) % 7  # unequal lengths
             mask = [1] * n
             mask[1] = 0  # an observation token in the middle
-            trajs.append({"prompt_ids": prompt, "response_ids": torch.randint(3, 200, (n,), generator=gen).tolist(),
-                          "loss_mask": mask, "logprobs": [0.0] * n, "reward": float((p + g) % 2) + 0.1 * p,
-                          "group_id": f"0/0:q{p}"})
+            traj = make_trajectory(f"q{p}#{g}", prompt_ids=prompt, loss_mask=mask, group_id=f"0:q{p}",
+                                   response_ids=torch.randint(3, 200, (n,), generator=gen).tolist())
+            trajs.append(Sample(traj, step=0, gen_batch=0, group_key=traj.group_id,
+                                reward=float((p + g) % 2) + 0.1 * p))
     mine = [t for p in range(rank, batch_size, world) for t in trajs[2 * p : 2 * p + 2]]
     torch.manual_seed(0)
     policy, _ = load_policy(cfg, "cpu", "float32")
@@ -156,8 +160,8 @@ def _update_worker(out: Path, model_dir: str, algo: str, batch_size: int) -> Non
         critic, critic_opt = acc.prepare(critic, critic_opt)
     policy, optimizer = acc.prepare(policy, optimizer)
     m = StepModels(policy, None, critic, optimizer, critic_opt, acc, 0, acc.device)
-    rt = advantages(spec, acfg, mine, rollout_tensors(m, mine, cfg), acc)
-    optimize(m, spec, acfg, cfg, mine, rt, step=0)
+    batch = advantages(spec, acfg, rollout_tensors(m, step_batch(mine, m.pad_id), cfg), acc)
+    optimize(m, spec, acfg, cfg, batch, done=0)
     state = {k: v.detach().clone().contiguous() for k, v in acc.unwrap_model(policy).state_dict().items()}
     save_file(state, str(out / f"update.rank{rank}.world{world}.safetensors"))
 
@@ -223,12 +227,12 @@ def _check_run(out: Path, tiny_model_dir: Path, steps: int) -> None:
     processes agree with each other and with the saved weights, which the updates changed."""
     from zsearch_cli.schemas import METRICS, read_artifact
 
-    assert [r["step"] for r in _rows(out)] == list(range(steps))
-    assert [r["step"] for r in read_artifact(out / "metrics.parquet", METRICS).to_pylist()] == list(range(steps))
+    assert [r["step"] for r in _rows(out)] == list(range(1, steps + 1))
+    assert [r["step"] for r in read_artifact(out / "metrics.parquet", METRICS).to_pylist()] == list(range(1, steps + 1))
     writes = (out / "writes.log").read_text().splitlines()
     assert sorted(writes) == sorted([f"0 step-{s}" for s in range(1, steps + 1)] + ["0 final"]), writes
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == [f"step-{s}" for s in range(1, steps + 1)]
-    assert all(r["grad_norm"] > 0 for r in _rows(out)), "zero gradients: the test would prove nothing"
+    assert all(r["actor/grad_norm"] > 0 for r in _rows(out)), "zero gradients: the test would prove nothing"
 
     rank0, rank1 = _weights(out / "weights.rank0.safetensors"), _weights(out / "weights.rank1.safetensors")
     final = _weights(out / "final" / "model.safetensors")
@@ -254,7 +258,7 @@ def _check_resume_is_exact(out: Path, model: Path, index: Path, launch: Any, ste
     text = _ok(launch(_train_args(again, model, index, steps, "--resume")))
     assert text.count(f"resuming from {again / 'checkpoints' / f'step-{steps - 1}'}") == 1  # once, not per process
     assert not _same(_weights(again / "final" / "model.safetensors"), _weights(out / "final" / "model.safetensors"))
-    untimed = [[{k: v for k, v in r.items() if not k.startswith("time_")} for r in _rows(o)] for o in (again, out)]
+    untimed = [[{k: v for k, v in r.items() if not k.startswith("time/")} for r in _rows(o)] for o in (again, out)]
     assert untimed[0] == untimed[1]
 
 
@@ -271,9 +275,10 @@ def test_resume_under_another_distribution_is_a_one_line_error(tmp_path, saved, 
     from types import SimpleNamespace
 
     from zsearch_cli.errors import ZsearchError
-    from zsearch_cli.train.checkpoint import STATE_FILE, check_resumable
+    from zsearch_cli.train.checkpoint import METRICS_FORMAT, STATE_FILE, check_resumable
 
-    (tmp_path / STATE_FILE).write_text(json.dumps({"distribution": saved, "num_processes": processes}))
+    (tmp_path / STATE_FILE).write_text(json.dumps({"distribution": saved, "num_processes": processes,
+                                                   "metrics_format": METRICS_FORMAT}))
     acc = SimpleNamespace(distributed_type=launch, num_processes=processes_now)
     with pytest.raises(ZsearchError, match=message):
         check_resumable(tmp_path, acc)
@@ -335,7 +340,7 @@ def test_ddp_two_cpu_processes_train_save_and_resume(tmp_path, tiny_model_dir, d
     text = _ok(_launch(["-m", "zsearch_cli.cli", *_train_args(out, tiny_model_dir, demo_index, 3, "--resume")],
                        None, tmp_path))
     assert text.count("resuming from") == 1 and text.count("final model written") == 1
-    assert [r["step"] for r in _rows(out)] == [0, 1, 2]
+    assert [r["step"] for r in _rows(out)] == [1, 2, 3]
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-2", "step-3"]
 
 

@@ -26,8 +26,9 @@ from zsearch_cli.errors import ZsearchError
 from zsearch_cli.rollout.engine import QARow
 from zsearch_cli.schemas import METRICS, PROPOSED_QA, ROLLOUT, TRAJECTORY, read_artifact, read_metadata, write_artifact
 from zsearch_cli.stages.drzero import iteration_seeds
+from zsearch_cli.train.collect import BatchRewards
 
-from helpers import PlayedProposer, RecordingSearch
+from helpers import PlayedProposer, RecordingSearch, make_trajectory
 
 runner = CliRunner()
 
@@ -87,8 +88,8 @@ def warm(dz) -> Path:
     engine = RolloutEngine(PlayedProposer(tok), ToolCallProtocol(), make_search_backend("bm25", index_dir=dz.index),
                            RolloutConfig(max_turns=2, max_turn_tokens=48))
     trajs = engine.rollout([p.row(tok) for p in prompts])
-    assert all(t["num_searches"] == 1 and "</answer>" in t["response_text"] for t in trajs)
-    data = write_artifact(trajs, dz.root / "warmup.parquet", TRAJECTORY)
+    assert all(t.num_searches == 1 and "</answer>" in t.response_text for t in trajs)
+    data = write_artifact([t.to_row() for t in trajs], dz.root / "warmup.parquet", TRAJECTORY)
     _ok(["sft", str(data), "--model", str(dz.model), "--out", str(dz.root / "warm"), "--device", "cpu",
          "--max-steps", "40", "--lr", "5e-3", "--batch-size", "2", "--max-length", "4096", "--eval-fraction", "0",
          "--save-every", "0", "--warmup-ratio", "0"])
@@ -98,20 +99,22 @@ def warm(dz) -> Path:
 # ----------------------------------------------------------------------------- HRPO in the trainer
 
 
-def _trajs(hops: list[int], rewards: list[float]) -> list[dict[str, Any]]:
-    return [{"hops": h, "reward": r, "group_id": "same-prompt"} for h, r in zip(hops, rewards)]
-
-
-def test_advantages_group_by_hop_count_not_prompt():
+def test_advantages_group_by_the_batch_rewards_keys_not_the_prompt():
     from zsearch_cli.algos import ALGOS, HRPOConfig
-    from zsearch_cli.train.update import advantages
+    from zsearch_cli.train.collect import Sample
+    from zsearch_cli.train.update import advantages, step_batch
+
+    def samples(keys: list[Any]) -> list[Sample]:
+        return [Sample(make_trajectory(f"p{i}#0", response_ids=[5, 6], group_id="same-prompt"), step=1, gen_batch=0,
+                       group_key=k, reward=r) for i, (k, r) in enumerate(zip(keys, [1.0, 0.0, 5.0]))]
 
     spec = ALGOS["hrpo"]
-    adv = advantages(spec, HRPOConfig(), _trajs([1, 1, 2], [1.0, 0.0, 5.0]), {})["adv"]
+    adv = advantages(spec, HRPOConfig(), step_batch(samples([1, 1, 2]), pad_id=0)).advantages
     # hop 1: mean 0.5, unbiased std sqrt(0.5); hop 2 is a singleton: A = 0 (whatever its reward)
     assert [round(float(a), 4) for a in adv] == [0.7071, -0.7071, 0.0]
-    with pytest.raises(ZsearchError, match="groups by hop count"):
-        advantages(spec, HRPOConfig(), [{"reward": 1.0, "group_id": "g"}] * 2, {})
+    # grouped by the prompt instead, all three would share one baseline: the keys decide
+    same = advantages(spec, HRPOConfig(), step_batch(samples(["same-prompt"] * 3), pad_id=0)).advantages
+    assert [round(float(a), 4) for a in same] != [0.7071, -0.7071, 0.0]
 
 
 class _Rows:
@@ -139,20 +142,26 @@ def test_trainer_hrpo_uses_the_batch_rewards_hop_counts(tmp_path, tiny_model_dir
 
     seen: list[dict[str, Any]] = []
 
-    def batch_reward(trajs: list[dict[str, Any]]) -> dict[str, float]:
-        for t, h, r in zip(trajs, [1, 1, 2], [1.0, 0.0, 5.0]):
-            t.update(hops=h, reward=r)
+    def batch_reward(trajs: list[Any], step: int) -> BatchRewards:
         seen.extend(trajs)
-        return {"hops_1": 2.0, "hops_2": 1.0, "gate_pass": 3.0}
+        return BatchRewards(rewards=[1.0, 0.0, 5.0], group_keys=[1, 1, 2],
+                            metrics={"proposer/hops_1": 2.0, "proposer/hops_2": 1.0, "proposer/gate_pass": 3.0},
+                            columns=[{"hops": h, "solver_k": 0} for h in (1, 1, 2)])
 
     cfg = TrainConfig(algo="hrpo", model=str(tiny_model_dir), out=tmp_path / "run", steps=1, batch_size=3,
-                      protocol="tool_call", max_turns=0, max_turn_tokens=4, lr=1e-3, device="cpu", save_every=0)
+                      protocol="tool_call", max_turns=0, max_turn_tokens=4, lr=1e-3, device="cpu", save_every=0,
+                      save_rollouts=True)
     with pytest.raises(ZsearchError, match="use `zsearch propose`"):
         Trainer(cfg, search=RecordingSearch(), data=_Rows())  # no stage reward: refused
     trainer = Trainer(cfg, search=RecordingSearch(), data=_Rows(), batch_reward_fn=batch_reward)
-    row = trainer.train_step(0)
-    assert [round(t["advantage"], 4) for t in seen] == [0.7071, -0.7071, 0.0]
-    assert row["grad_norm"] > 0 and (row["hops_1"], row["hops_2"], row["gate_pass"]) == (2.0, 1.0, 3.0)
+    row = trainer.train_step(1)
+    (path,) = (tmp_path / "run" / "rollouts").iterdir()
+    saved = read_artifact(path, ROLLOUT).to_pylist()
+    assert [r["id"] for r in saved] == [t.id for t in seen]
+    assert [round(r["advantage"], 4) for r in saved] == [0.7071, -0.7071, 0.0]
+    assert [(r["hops"], r["solver_k"]) for r in saved] == [(1, 0), (1, 0), (2, 0)]  # the batch reward's columns
+    assert row["actor/grad_norm"] > 0 and row["actor/seq_logp_mean"] is not None  # HRPO's own loss statistic
+    assert (row["proposer/hops_1"], row["proposer/hops_2"], row["proposer/gate_pass"]) == (2.0, 1.0, 3.0)
     assert trainer.data.state() == {"step": 1}
 
 
@@ -182,7 +191,7 @@ def test_solve_trains_grpo_with_the_solver_preset_on_proposed_qa(tmp_path, dz):
     config = read_metadata(out / "metrics.parquet")["config"]
     assert (config["preset"], config["algo"], config["protocol"], config["reward"], config["group_size"],
             config["lr"], config["train_data"]) == ("drzero-solver", "grpo", "tool_call", "em", 2, 1e-6, str(qa))
-    assert [m["step"] for m in read_artifact(out / "metrics.parquet", METRICS).to_pylist()] == [0, 1]
+    assert [m["step"] for m in read_artifact(out / "metrics.parquet", METRICS).to_pylist()] == [1, 2]
     rollouts = read_artifact(out / "rollouts" / "step-000001.parquet", ROLLOUT).to_pylist()
     from zsearch_cli.models.loading import load_tokenizer
 
@@ -197,12 +206,13 @@ def test_propose_trains_the_proposer_against_a_frozen_solver(tmp_path, dz, warm)
     result = _ok(["propose", "--model", str(warm), "--solver-model", str(dz.model), "--index", str(dz.index),
                   "--steps", "2", "--batch-size", "2", "--max-turns", "2", "--max-turn-tokens", "48", "--lr", "1e-4",
                   "--seed", "1001", "--device", "cpu", "--out", str(out)])
-    assert "diff " in result.output and "gate " in result.output and "hops " in result.output
+    line = " ".join(result.output.split())
+    assert "difficulty " in line and "gate_pass " in line and "hops_1 " in line  # the batch reward's metrics
     metrics = read_artifact(out / "metrics.parquet", METRICS).to_pylist()
     assert len(metrics) == 2 and read_metadata(out / "metrics.parquet")["config"]["algo"] == "hrpo"
-    assert all(sum(m[f"hops_{h}"] for h in (1, 2, 3, 4)) == 2 for m in metrics)
-    assert all(m["gate_pass"] is not None and m["difficulty"] is not None for m in metrics)
-    assert sum(m["gate_pass"] for m in metrics) >= 1  # the warm-up works: the solver measured some question
+    assert all(sum(m[f"proposer/hops_{h}"] for h in (1, 2, 3, 4)) == 2 for m in metrics)
+    assert all(m["proposer/gate_pass"] is not None and m["proposer/difficulty"] is not None for m in metrics)
+    assert sum(m["proposer/gate_pass"] for m in metrics) >= 1  # the warm-up works: the solver measured some question
     assert json.loads((out / "proposer.json").read_text())["solver_model"] == str(dz.model)
     assert (out / "final" / "model.safetensors").is_file()
 
@@ -231,7 +241,7 @@ def test_drzero_one_iteration_lineage_and_resume(tmp_path, dz, warm):
     assert generate["questions"] == len(questions) >= 1 and sum(generate["hops"].values()) == len(questions)
     assert all(q["golden_answers"] == [q["proposer_answer"]] and q["n"] == 5 for q in questions)
     metrics = read_artifact(out / "iter-1" / "solver" / "metrics.parquet", METRICS).to_pylist()
-    assert [m["step"] for m in metrics] == [0, 1]
+    assert [m["step"] for m in metrics] == [1, 2]
     assert read_metadata(out / "iter-1" / "solver" / "metrics.parquet")["config"]["preset"] == "drzero-solver"
     assert len(read_artifact(out / "iter-1" / "proposer" / "metrics.parquet", METRICS)) == 2
 
@@ -296,5 +306,5 @@ def test_propose_with_the_solver_behind_an_openai_compatible_server(tmp_path, dz
     stage = json.loads((tmp_path / "proposer" / "proposer.json").read_text())
     assert stage["solver_url"] == url and stage["solver_model"] == str(warm)
     metrics = read_artifact(tmp_path / "proposer" / "metrics.parquet", METRICS).to_pylist()
-    assert len(metrics) == 1 and metrics[0]["gate_pass"] is not None
+    assert len(metrics) == 1 and metrics[0]["proposer/gate_pass"] is not None
     assert len(server_app.state.seen) > n_generate  # training asked the server too

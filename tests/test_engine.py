@@ -36,7 +36,7 @@ VIENNA = [Passage("geo-1", "Danube", "The Danube flows through Vienna and Budape
 def _policy_segments(traj: dict[str, Any]) -> list[list[int]]:
     """Maximal runs of mask-1 ids in the response."""
     runs, cur = [], []
-    for tok, m in zip(traj["response_ids"], traj["loss_mask"]):
+    for tok, m in zip(traj.response_ids, traj.loss_mask):
         if m:
             cur.append(tok)
         elif cur:
@@ -54,22 +54,22 @@ def test_mask_one_tokens_are_exactly_the_sampled_tokens(tiny_backend):
                            RolloutConfig(max_turns=2, max_turn_tokens=6, temperature=1.0, seed=3))
     rows = [QARow("a", "Which river flows through Vienna?", ["Danube"]), QARow("b", "Who wrote Hamlet?", ["Shakespeare"])]
     trajs = engine.rollout(rows, group_size=2)
-    assert [t["id"] for t in trajs] == ["a#0", "a#1", "b#0", "b#1"]
-    assert len({t["group_id"] for t in trajs}) == 2
-    assert sum(len(outs) for _, outs in backend.calls) == sum(t["num_turns"] for t in trajs)
+    assert [t.id for t in trajs] == ["a#0", "a#1", "b#0", "b#1"]
+    assert len({t.group_id for t in trajs}) == 2
+    assert sum(len(outs) for _, outs in backend.calls) == sum(t.num_turns for t in trajs)
     for i, traj in enumerate(trajs):
         sampled, fed = [], []
         for c, (prompts, outs) in enumerate(backend.calls):
-            active = [j for j, t in enumerate(trajs) if t["num_turns"] > c]  # engine keeps row order
+            active = [j for j, t in enumerate(trajs) if t.num_turns > c]  # engine keeps row order
             if i in active:
                 sampled.append(outs[active.index(i)])
                 fed.append(prompts[active.index(i)])
         assert _policy_segments(traj) == [o.token_ids for o in sampled if o.token_ids]
-        lp = [lp for lp, m in zip(traj["logprobs"], traj["loss_mask"]) if m]
+        lp = [lp for lp, m in zip(traj.logprobs, traj.loss_mask) if m]
         assert lp == pytest.approx([x for o in sampled for x in o.logprobs])
-        assert len(traj["response_ids"]) == len(traj["loss_mask"]) == len(traj["logprobs"])
+        assert len(traj.response_ids) == len(traj.loss_mask) == len(traj.logprobs)
         # every call was fed the stored prompt plus the stored response so far: nothing re-tokenized
-        full = traj["prompt_ids"] + traj["response_ids"]
+        full = traj.prompt_ids + traj.response_ids
         for context in fed:
             assert full[: len(context)] == context
 
@@ -84,14 +84,14 @@ def test_search_turn_layout_and_prediction(tiny_backend):
     t0 = tok.encode(turns[0], add_special_tokens=False)
     obs = tok.encode(TagsProtocol().render_observation([VIENNA]), add_special_tokens=False)
     t1 = tok.encode(turns[1], add_special_tokens=False)
-    assert traj["response_ids"] == t0 + obs + t1
-    assert traj["loss_mask"] == [1] * len(t0) + [0] * len(obs) + [1] * len(t1)
-    assert traj["prediction"] == "Danube" and traj["finish_reason"] == "answer"
-    assert (traj["num_searches"], traj["num_turns"], traj["num_invalid"]) == (1, 2, 0)
-    assert traj["policy_tokens"] == len(t0) + len(t1)
-    log = json.loads(traj["turns"])
+    assert traj.response_ids == t0 + obs + t1
+    assert traj.loss_mask == [1] * len(t0) + [0] * len(obs) + [1] * len(t1)
+    assert traj.prediction == "Danube" and traj.finish_reason == "answer"
+    assert (traj.num_searches, traj.num_turns, traj.num_invalid) == (1, 2, 0)
+    assert traj.policy_tokens == len(t0) + len(t1)
+    log = traj.turns
     assert log[0]["queries"] == ["river Vienna"] and log[0]["doc_ids"] == [["geo-1", "geo-2"]]
-    assert "<information>Doc 1(Title: \"Danube\")" in traj["response_text"]
+    assert "<information>Doc 1(Title: \"Danube\")" in traj.response_text
 
 
 def test_row_context_reaches_the_search_backend(tiny_backend):
@@ -122,8 +122,8 @@ def test_final_turn_executes_no_search(tiny_backend):
     (traj,) = engine.rollout([QARow("1", q, ["x"])])
     assert len(backend.calls) == 2  # one ordinary turn + the final turn
     assert [r.query for batch in search.requests for r in batch] == ["one"]
-    assert traj["finish_reason"] == "max_turns" and traj["num_searches"] == 1
-    assert traj["response_text"].endswith("<search> two </search>")  # nothing appended after it
+    assert traj.finish_reason == "max_turns" and traj.num_searches == 1
+    assert traj.response_text.endswith("<search> two </search>")  # nothing appended after it
 
 
 def test_observation_is_cut_by_whole_passages_and_keeps_closing_tag(tiny_backend):
@@ -136,15 +136,15 @@ def test_observation_is_cut_by_whole_passages_and_keeps_closing_tag(tiny_backend
     engine = RolloutEngine(ScriptedBackend(tok, {q: ["<search> long </search>", "<answer> x </answer>"]}),
                            TagsProtocol(), search, RolloutConfig(topk=3, max_obs_tokens=(one + two) // 2))
     (traj,) = engine.rollout([QARow("1", q, ["x"])])
-    log = json.loads(traj["turns"])[0]
+    log = traj.turns[0]
     assert log["passages_dropped"] == 2 and log["obs_tokens"] == one
-    assert "</information>\n\n<answer>" in traj["response_text"]
+    assert "</information>\n\n<answer>" in traj.response_text
     # a budget below one passage shortens that passage's text, and the frame survives
     engine.config.max_obs_tokens = one - 10
     engine.backend = ScriptedBackend(tok, {q: ["<search> long </search>", "<answer> x </answer>"]})
     (traj,) = engine.rollout([QARow("1", q, ["x"])])
-    log = json.loads(traj["turns"])[0]
-    assert log["obs_tokens"] <= one - 10 and "</information>" in traj["response_text"]
+    log = traj.turns[0]
+    assert log["obs_tokens"] <= one - 10 and "</information>" in traj.response_text
 
 
 def test_context_budget_never_drops_the_question(tiny_backend):
@@ -156,9 +156,9 @@ def test_context_budget_never_drops_the_question(tiny_backend):
     budget = len(engine.encode_prompt(QARow("1", q, ["x"]))) + 60  # room for a turn and a short observation
     engine.config.max_context_tokens = budget
     (traj,) = engine.rollout([QARow("1", q, ["x"])])
-    assert q in tok.decode(traj["prompt_ids"])
-    assert traj["prompt_tokens"] + traj["response_tokens"] <= budget
-    assert "</information>" in traj["response_text"]  # the observation shrank to fit, frame intact
+    assert q in tok.decode(traj.prompt_ids)
+    assert traj.prompt_tokens + traj.response_tokens <= budget
+    assert "</information>" in traj.response_text  # the observation shrank to fit, frame intact
 
 
 def test_invalid_action_gets_search_r1_message(tiny_backend):
@@ -167,8 +167,8 @@ def test_invalid_action_gets_search_r1_message(tiny_backend):
     backend = ScriptedBackend(tok, {q: ["I am not sure what to do", "<answer> y </answer>"]})
     engine = RolloutEngine(backend, TagsProtocol(), RecordingSearch(), RolloutConfig())
     (traj,) = engine.rollout([QARow("1", q, ["y"])])
-    assert traj["num_invalid"] == 1 and traj["prediction"] == "y"
-    assert INVALID_ACTION_OBSERVATION in traj["response_text"]
+    assert traj.num_invalid == 1 and traj.prediction == "y"
+    assert INVALID_ACTION_OBSERVATION in traj.response_text
 
 
 def test_tool_call_protocol_sends_every_query_in_one_batch(tiny_backend):
@@ -180,7 +180,7 @@ def test_tool_call_protocol_sends_every_query_in_one_batch(tiny_backend):
     engine = RolloutEngine(backend, ToolCallProtocol(), search, RolloutConfig())
     (traj,) = engine.rollout([QARow("1", q, ["z"])])
     assert [r.query for r in search.requests[0]] == ["alpha", "beta"]
-    assert "<tool_response>" in traj["response_text"] and traj["prediction"] == "z"
+    assert "<tool_response>" in traj.response_text and traj.prediction == "z"
 
 
 def test_http_backend_down_mid_run_keeps_finished_rows(tmp_path, tiny_backend):
@@ -200,12 +200,12 @@ def test_http_backend_down_mid_run_keeps_finished_rows(tmp_path, tiny_backend):
     with serving(create_app(index)) as url:
         search = HTTPSearch(url, timeout=2, retries=2, backoff=0.01)
         engine = RolloutEngine(ScriptedBackend(tok, {k: list(v) for k, v in scripts.items()}), TagsProtocol(), search)
-        assert [t["finish_reason"] for t in engine.rollout(rows)] == ["answer", "answer"]
+        assert [t.finish_reason for t in engine.rollout(rows)] == ["answer", "answer"]
     engine.backend = ScriptedBackend(tok, {k: list(v) for k, v in scripts.items()})
     with pytest.raises(SearchBackendError) as info:
         engine.rollout(rows)
     assert url in str(info.value) and "3 attempt" in str(info.value)
-    assert [t["id"] for t in info.value.completed] == ["a#0"]
+    assert [t.id for t in info.value.completed] == ["a#0"]
 
 
 def test_a_literal_observation_tag_written_by_the_policy_does_not_hide_its_answer(tiny_backend):
@@ -214,8 +214,8 @@ def test_a_literal_observation_tag_written_by_the_policy_does_not_hide_its_answe
     # took the policy's literal tag for an unclosed observation and dropped everything after
     # it, so the answer vanished and the reward was 0. The score must read the model's
     # turns as the engine recorded them: answer "Paris", EM 1.
-    from zsearch_cli.rewards import extract_answer, is_well_formed, policy_turns
-    from zsearch_cli.train.collect import score
+    from zsearch_cli.rewards import extract_answer, is_well_formed
+    from zsearch_cli.train.collect import Sample, score
 
     tok = tiny_backend.tokenizer
     q = "Q-capital?"
@@ -224,10 +224,31 @@ def test_a_literal_observation_tag_written_by_the_policy_does_not_hide_its_answe
     engine = RolloutEngine(ScriptedBackend(tok, {q: turns}), TagsProtocol(), RecordingSearch({"capital of France": VIENNA}),
                            RolloutConfig(topk=1))
     (traj,) = engine.rollout([QARow("1", q, ["Paris"])])
-    assert traj["num_searches"] == 1 and traj["prediction"] == "Paris"
+    assert traj.num_searches == 1 and traj.prediction == "Paris"
     # The text search alone loses the answer: this is the bug the spans avoid.
-    assert extract_answer(traj["response_text"]) is None
-    assert extract_answer(policy_turns(traj)) == "Paris"
-    assert is_well_formed(policy_turns(traj))
-    score([traj], "em", "tags", 0.0)
-    assert traj["em"] == 1.0 and traj["reward"] == 1.0
+    assert extract_answer(traj.response_text) is None
+    assert extract_answer(traj.policy_texts) == "Paris"
+    assert is_well_formed(traj.policy_texts)
+    sample = Sample(traj, step=1, gen_batch=0, group_key=traj.group_id)
+    score([sample], "em", "tags", 0.1)
+    assert sample.em == 1.0 and sample.reward == pytest.approx(1.1)  # the format bonus reads the same turns
+
+
+def test_trajectory_fields_are_the_trajectory_artifacts_columns(tiny_backend, tmp_path):
+    """The engine's record and the artifact it is saved as cannot drift apart: the fields are
+    the columns, in order, and a trajectory survives a write and a read unchanged."""
+    from dataclasses import fields
+
+    from zsearch_cli.rollout.trajectory import Trajectory
+    from zsearch_cli.schemas import TRAJECTORY, read_artifact, write_artifact
+
+    assert [f.name for f in fields(Trajectory)] == TRAJECTORY.schema.names
+    tok = tiny_backend.tokenizer
+    scripts = {"Q?": ["<search> river </search>", "<answer> Danube </answer>"]}
+    engine = RolloutEngine(ScriptedBackend(tok, scripts), TagsProtocol(), RecordingSearch({"river": VIENNA}))
+    (traj,) = engine.rollout([QARow("r", "Q?", ["Danube"])])
+    assert isinstance(traj, Trajectory) and isinstance(traj.turns, list)
+    path = write_artifact([traj.to_row()], tmp_path / "t.parquet", TRAJECTORY)
+    back = Trajectory.from_row(read_artifact(path, TRAJECTORY).to_pylist()[0])
+    assert back.turns == traj.turns and back.response_ids == traj.response_ids and back.prediction == "Danube"
+    assert back.logprobs == pytest.approx(traj.logprobs)

@@ -206,10 +206,10 @@ def test_training_metrics_carry_the_protocol(tmp_path, tiny_model_dir, demo_inde
     cfg = TrainConfig(model=str(tiny_model_dir), index=demo_index, out=tmp_path, topk=4, max_turns=3,
                       temperature=1.0, seed=11, lora_r=8)
     log = MetricsLog(tmp_path, cfg.to_dict())
-    log.log({"step": 0, "reward_mean": 0.5})
+    log.log({"step": 1, "rollout/reward_mean": 0.5})
     rows = read_artifact(log.write_parquet(), METRICS).to_pylist()
     manifest = json.loads((demo_index / "manifest.json").read_text())
-    assert rows[0]["reward_mean"] == 0.5
+    assert rows[0]["rollout/reward_mean"] == 0.5
     assert (rows[0]["corpus_fingerprint"], rows[0]["corpus_size"]) == (manifest["corpus"]["fingerprint"],
                                                                        manifest["n_docs"])
     assert (rows[0]["topk"], rows[0]["max_turns"], rows[0]["decoding"], rows[0]["seed"]) == (4, 3, "sampling", 11)

@@ -47,13 +47,14 @@ from __future__ import annotations
 
 import random
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Sequence
 
 import pytest
 import torch
 
 from zsearch_cli.retrieval.base import Passage
-from zsearch_cli.search.base import SearchRequest, SearchResult
+from zsearch_cli.search.base import SearchBackend, SearchRequest, SearchResult
 
 CODES = ("apple", "river", "stone", "cloud")
 N_ITEMS = 512
@@ -79,7 +80,7 @@ def _rows() -> list[Any]:
             for i, code in enumerate(_codes())]
 
 
-class OracleSearch:
+class OracleSearch(SearchBackend):
     """Returns the asking row's passage, whatever the query: a perfect retriever. With
     ``shuffle`` (the control) the passage names a random code word instead (seeded)."""
 
@@ -88,15 +89,15 @@ class OracleSearch:
     def __init__(self, shuffle: bool = False) -> None:
         self.shuffle = shuffle
         self.rng = random.Random(123)
-        self.progress: list[tuple[int, int]] = []
+        self.seen_progress: list[tuple[int, int]] = []
 
     def search(self, requests: Sequence[SearchRequest], topk: int) -> list[SearchResult]:
         words = [self.rng.choice(CODES) if self.shuffle else r.golden_answers[0] for r in requests]
         return [SearchResult([Passage(f"doc-{r.row_id}", "", f"the code is {w} .", 1.0)])
                 for r, w in zip(requests, words)]
 
-    def set_progress(self, step: int, total_steps: int) -> None:
-        self.progress.append((step, total_steps))
+    def progress(self, step: int, total: int) -> None:
+        self.seen_progress.append((step, total))
 
 
 def _sft(model_dir: Path, rows: list[Any], out: Path) -> Path:
@@ -126,8 +127,8 @@ def _sft(model_dir: Path, rows: list[Any], out: Path) -> Path:
         batch = []
         for prompt, obs, gold in rng.sample(examples, SFT_BATCH):
             answer = answers[gold if rng.random() < SFT_COPY else rng.choice(CODES)]
-            batch.append({"prompt_ids": prompt, "response_ids": search_ids + obs + answer,
-                          "loss_mask": [1] * len(search_ids) + [0] * len(obs) + [1] * len(answer)})
+            batch.append(SimpleNamespace(prompt_ids=prompt, response_ids=search_ids + obs + answer,
+                                         loss_mask=[1] * len(search_ids) + [0] * len(obs) + [1] * len(answer)))
         b = collate(batch, tok.pad_token_id, "cpu")
         logp, _ = policy_forward(model, b, 1.0)
         loss = -(logp * b.mask).sum() / b.mask.sum()
@@ -166,13 +167,13 @@ def _run(algo: str, toy: tuple[Path, list[Any]], tmp_path: Path, search: OracleS
     # The rows carry their own short prompt, which a QA file cannot: hand them over as data.
     trainer = Trainer(cfg, search=search, data=TrainData(rows, cfg.batch_size, cfg.seed))
     trainer.train()
-    assert search.progress[0] == (0, STEPS) and search.progress[-1] == (STEPS - 1, STEPS)
+    assert search.seen_progress[0] == (0, STEPS) and search.seen_progress[-1] == (STEPS - 1, STEPS)
     return trainer.metrics.rows
 
 
 def _rise(rows: list[dict[str, Any]]) -> tuple[float, float]:
-    first = sum(r["reward_mean"] for r in rows[:5]) / 5
-    last = sum(r["reward_mean"] for r in rows[-5:]) / 5
+    first = sum(r["rollout/reward_mean"] for r in rows[:5]) / 5
+    last = sum(r["rollout/reward_mean"] for r in rows[-5:]) / 5
     print(f"reward first 5 steps {first:.3f} -> last 5 steps {last:.3f}")
     return first, last
 

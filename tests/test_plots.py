@@ -73,14 +73,26 @@ def test_curves_have_integer_step_ticks(tmp_path):
 
     from zsearch_cli.train.metrics import plot_metrics
 
-    rows = [{"step": s, "reward_mean": 0.1 * s, "loss": 1.0 / (s + 1)} for s in range(3)]
+    rows = [{"step": s, "rollout/reward_mean": 0.1 * s, "actor/grad_norm": 1.0 / s} for s in (1, 2, 3)]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     with _saved_figures() as figures:
         path = plot_metrics(tmp_path)
     img = _image(path)
     assert img.shape[0] > 200 and img.shape[1] == 1320  # 3 columns x 4 inches at 110 dpi
     (fig,) = figures
+    assert sorted(ax.get_title() for ax in fig.axes if ax.get_title()) == ["actor/grad_norm", "rollout/reward_mean"]
     for ax in fig.axes:
         if ax.get_title():
             ticks = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
             assert ticks and all(float(t).is_integer() for t in ticks), (ax.get_title(), ticks)
+
+
+def test_console_line_prints_namespaces_the_trainer_does_not_own():
+    from zsearch_cli.train.metrics import console_line
+
+    row = {"step": 3, "rollout/reward_mean": 0.5, "search/noise_p": 0.16666, "proposer/gate_pass": 2.0,
+           "proposer/solver_k": None, "val/em": 0.25, "val/f1": 0.5}
+    line = console_line(row, 10)
+    assert line.startswith("step 3/10 reward 0.500 ")  # counted from 1, as the checkpoints
+    assert " noise_p 0.167" in line and " gate_pass 2" in line and "solver_k" not in line  # None is left out
+    assert "| val em 0.25 f1 0.5" in line

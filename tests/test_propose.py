@@ -22,7 +22,7 @@ from zsearch_cli.stages.propose import (
     score_proposals,
 )
 
-from helpers import RecordingSearch, ScriptedBackend
+from helpers import RecordingSearch, ScriptedBackend, make_trajectory
 
 
 def test_hop_draw_is_seeded_and_follows_the_ratio():
@@ -82,8 +82,8 @@ def test_best_of_prefers_the_gate_then_the_format_score(tiny_backend):
     src = Passage("d", "T", "text")
     prompt = ProposerPrompt("p", 1, src)
     # One-turn trajectories as the engine records them: the model's own text in the turns log.
-    trajs = [{"response_text": r, "turns": [{"text": r}]} for r in (LEAKY, FINAL, "nothing")]
-    assert best_of(trajs, [prompt], 3)[0]["response_text"] == FINAL
+    trajs = [make_trajectory(f"p#{i}", response_text=r, turns=[{"text": r}]) for i, r in enumerate((LEAKY, FINAL, "nothing"))]
+    assert best_of(trajs, [prompt], 3)[0].response_text == FINAL
 
 
 def test_generate_only_cli_reports_when_nothing_passes_the_gate(tmp_path, tiny_model_dir):

@@ -3,8 +3,6 @@ HTTP on 127.0.0.1 to a server that answers as vLLM does, over the real tiny mode
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from zsearch_cli.errors import ZsearchError
@@ -74,9 +72,9 @@ def test_stop_strings_and_an_engine_rollout_through_the_server(tiny_backend):
         remote = RemoteBackend(f"{url}/v1", tok)
         engine = RolloutEngine(remote, TagsProtocol(), RecordingSearch(), RolloutConfig(max_turns=2, seed=3))
         traj = engine.rollout([QARow("q0", question, ["Danube"])])[0]
-    assert traj["prediction"] == "Danube" and traj["num_searches"] == 1
-    assert [t["finish"] for t in json.loads(traj["turns"])] == ["stop", "stop"]
-    ids, mask = traj["response_ids"], traj["loss_mask"]
+    assert traj.prediction == "Danube" and traj.num_searches == 1
+    assert [t["finish"] for t in traj.turns] == ["stop", "stop"]
+    ids, mask = traj.response_ids, traj.loss_mask
     policy_ids = [i for i, m in zip(ids, mask) if m]
     expected = tok.encode("<search> vienna river </search>", add_special_tokens=False) + tok.encode(
         "<answer> Danube </answer>", add_special_tokens=False)

@@ -112,7 +112,7 @@ def test_kill_and_resume_is_bit_identical(extra, tmp_path, tiny_model_dir, demo_
         assert _differing(a, load_file(str(start))), "the run never changed the weights: the test proves nothing"
     else:
         assert any(float(v.abs().max()) > 0 for k, v in a.items() if "lora_B" in k), "LoRA B is still 0"
-    assert all(r["grad_norm"] > 0 for r in read_artifact(straight / "metrics.parquet", METRICS).to_pylist())
+    assert all(r["actor/grad_norm"] > 0 for r in read_artifact(straight / "metrics.parquet", METRICS).to_pylist())
     # ... and resuming from other weights ends elsewhere.
     control = subprocess.run(_cmd(wrong_start, tiny_model_dir, demo_index, [*extra, "--resume"]), env=_env(),
                              capture_output=True, text=True, timeout=300)
@@ -121,23 +121,24 @@ def test_kill_and_resume_is_bit_identical(extra, tmp_path, tiny_model_dir, demo_
 
     rows_a = read_artifact(straight / "metrics.parquet", METRICS).to_pylist()
     rows_b = read_artifact(killed / "metrics.parquet", METRICS).to_pylist()
-    assert [r["step"] for r in rows_b] == list(range(6))
+    assert [r["step"] for r in rows_b] == list(range(1, 7))
     jsonl = [json.loads(line) for line in (killed / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in jsonl] == list(range(6))  # lines written after step-3 by the killed run are gone
-    for key in ("reward_mean", "response_length", "grad_norm", "kl", "vf_loss", "lr"):
+    assert [r["step"] for r in jsonl] == list(range(1, 7))  # lines written after step-3 by the killed run are gone
+    for key in ("rollout/reward_mean", "rollout/response_length", "actor/grad_norm", "actor/kl_ref", "critic/vf_loss",
+                "actor/lr", "actor/ratio_max"):
         assert [r[key] for r in rows_a] == [r[key] for r in rows_b], key
     assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == ["step-3", "step-6"]
 
 
-def _length_reward(response, *args, **kwargs) -> float:
+def _length_reward(prediction, turns, *args, **kwargs) -> float:
     """The model's text length / 1000: differs within every group, so gradients are non-zero."""
-    return len(response if isinstance(response, str) else "".join(response)) / 1000
+    return len("".join(turns)) / 1000
 
 
 if __name__ == "__main__":  # a `zsearch train` process started by the tests above
     import zsearch_cli.train.collect as collect
     from zsearch_cli.cli import app
 
-    collect.outcome_reward = _length_reward
+    collect.trajectory_reward = _length_reward
     sys.argv = ["zsearch", *sys.argv[1:]]
     app()

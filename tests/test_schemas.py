@@ -166,3 +166,12 @@ def test_fingerprint_ignores_format_and_batching(tmp_path):
 def test_dataset_lookup_error_says_where(tmp_path):
     msg = _error(find_dataset_file, "nq", "test", tmp_path)
     assert str(tmp_path / "nq" / "test.jsonl") in msg and "FlashRAG" in msg
+
+
+def test_a_key_the_schema_lacks_is_an_error_when_writing(tmp_path):
+    # Silently dropping it would lose a value someone meant to save (as the proposer's
+    # columns once were in the saved rollouts).
+    row = {"id": "q1", "question": "Who?", "golden_answers": ["x"], "hops": 2}
+    msg = _error(write_artifact, [row], tmp_path / "qa.parquet", QA)
+    assert "has no column 'hops'" in msg and "schemas.py" in msg
+    assert not (tmp_path / "qa.parquet").exists()

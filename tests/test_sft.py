@@ -165,7 +165,7 @@ def test_cli_memorizes_a_tiny_set_and_writes_a_loadable_model(tmp_path, tiny_mod
     losses = [r["loss"] for r in rows]
     assert len(losses) == 30 and losses[-1] < 0.2 * losses[0], losses
     evals = [(r["step"], r["eval_loss"]) for r in rows if r["eval_loss"] is not None]
-    assert [s for s, _ in evals] == [9, 19, 29] and evals[-1][1] < evals[0][1]
+    assert [s for s, _ in evals] == [10, 20, 30] and evals[-1][1] < evals[0][1]  # --eval-every 10, from step 1
     final = out / "final"
     assert (final / "model.safetensors").is_file() and (final / "tokenizer.json").is_file()
     assert json.loads((final / "config.json").read_text())["use_cache"] is True
@@ -194,7 +194,7 @@ def test_resume_continues_the_step_count_and_is_bit_identical(tmp_path, tiny_mod
     assert refused.exit_code == 2 and "--resume" in refused.output
     result = _sft(data, tiny_model_dir, resumed, *args, "--resume")
     assert "resuming from" in result.output and "step 3/6" in result.output
-    assert [r["step"] for r in _metrics(resumed)] == list(range(6))
+    assert [r["step"] for r in _metrics(resumed)] == list(range(1, 7))  # counted from 1, as the console
     a = load_file(str(straight / "final" / "model.safetensors"))
     b = load_file(str(resumed / "final" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)

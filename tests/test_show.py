@@ -62,7 +62,7 @@ def test_show_reads_a_real_rollout_file(tmp_path, tiny_model_dir):
                                  "--max-turn-tokens", "8", "--device", "cpu", "--out", str(tmp_path / "run"),
                                  "--save-rollouts"])
     assert result.exit_code == 0, result.output
-    text = _out([str(tmp_path / "run" / "rollouts" / "step-000000.parquet")])
+    text = _out([str(tmp_path / "run" / "rollouts" / "step-000001.parquet")])  # the first step is step 1
     assert "turn 1" in text and "reward 0.000" in text and "2 trajectories" in text
 
 

@@ -103,14 +103,14 @@ def test_each_simulator_prompt_carries_its_own_rows_question_and_answer(tiny_bac
     }
     sim_gen = RecordingGenerator(tiny_backend)
     sim = SimulatedSearch("tiny", SimConfig(noise_start=0.0, noise_end=1.0, max_tokens=8, seed=1), generator=sim_gen)
-    sim.set_progress(5, 10)
+    sim.progress(5, 10)
     assert sim.noise_p == pytest.approx(1 / 3)  # (4^0.5 − 1)/3
     engine = RolloutEngine(ScriptedBackend(tiny_backend.tokenizer, scripts), TagsProtocol(), sim,
                            RolloutConfig(max_turns=4, topk=3, max_obs_tokens=400))
-    trajs = {t["row_id"]: t for t in engine.rollout(rows)}
+    trajs = {t.row_id: t for t in engine.rollout(rows)}
     logged: set[str] = set()
     for row in rows:
-        logs = [e for turn in json.loads(trajs[row.id]["turns"]) for e in turn.get("search_log", [])]
+        logs = [e for turn in trajs[row.id].turns for e in turn.get("search_log", [])]
         assert len(logs) == {"vienna": 1, "hamlet": 0, "peru": 2}[row.id]
         for log in logs:
             prompt = log["prompt"]
@@ -122,7 +122,7 @@ def test_each_simulator_prompt_carries_its_own_rows_question_and_answer(tiny_bac
             assert not prompt.startswith("<|im_start|>")
             logged.add(prompt)
     assert logged == set(sim_gen.prompts)  # the model saw nothing else (re-asks repeat a prompt)
-    assert trajs["hamlet"]["num_searches"] == 0 and trajs["peru"]["num_searches"] == 2
+    assert trajs["hamlet"].num_searches == 0 and trajs["peru"].num_searches == 2
 
 
 def test_quality_draw_does_not_depend_on_the_batch(tiny_backend):

@@ -51,12 +51,12 @@ def test_tensorboard_gets_every_step_of_reward_and_loss(tmp_path, tiny_model_dir
     assert result.exit_code == 0, result.output
     scalars = _scalars(out)
     rows = load_metrics(out)
-    for key in ("reward_mean", "loss", "lr", "response_length"):
-        assert [s for s, _ in scalars[key]] == [0, 1], key  # one point per step, none twice
+    for key in ("rollout/reward_mean", "actor/loss", "actor/lr", "rollout/response_length", "actor/ratio_mean"):
+        assert [s for s, _ in scalars[key]] == [1, 2], key  # one point per step, none twice, counted from 1
         assert [v for _, v in scalars[key]] == pytest.approx([r[key] for r in rows]), key
     # The tiny model's reward and loss are 0 at every step, so for them "equal" could hide a
     # tracker that logs zeros; these two are non-zero and must arrive as they are.
-    assert all(r["lr"] > 0 and r["response_length"] > 0 for r in rows)
+    assert all(r["actor/lr"] > 0 and r["rollout/response_length"] > 0 for r in rows)
     # The hyper-parameters are the resolved ones: no "algorithm default" left as null/absent.
     import yaml
 

@@ -36,12 +36,16 @@ def test_train_eval_plot_end_to_end(tmp_path, tiny_model_dir, demo_index):
     assert f"final model written to {out / 'final'}" in " ".join(result.output.split())
     assert (out / "final" / "model.safetensors").is_file() and (out / "final" / "tokenizer.json").is_file()
     metrics = read_artifact(out / "metrics.parquet", METRICS).to_pylist()
-    assert [m["step"] for m in metrics] == [0, 1]
-    assert all(m["lr"] == 1e-4 and m["grad_norm"] is not None and m["logp_mismatch"] < 1e-3 for m in metrics)
+    assert [m["step"] for m in metrics] == [1, 2]
+    assert all(m["actor/lr"] == 1e-4 and m["actor/grad_norm"] is not None and m["rollout/logp_mismatch"] < 1e-3
+               for m in metrics)
+    # every statistic GRPO's loss returns is logged, not only the classic few
+    assert all(m[f"actor/{k}"] is not None for m in metrics for k in ("ratio_mean", "ratio_max", "approx_kl"))
     assert read_metadata(out / "metrics.parquet")["config"]["algo"] == "grpo"
-    rollouts = read_artifact(out / "rollouts" / "step-000001.parquet", ROLLOUT).to_pylist()
+    assert sorted(p.name for p in (out / "rollouts").iterdir()) == ["step-000001.parquet", "step-000002.parquet"]
+    rollouts = read_artifact(out / "rollouts" / "step-000002.parquet", ROLLOUT).to_pylist()
     assert len(rollouts) == 4 and len({r["group_id"] for r in rollouts}) == 2
-    assert all(r["step"] == 1 and r["kept"] and r["advantage"] is not None for r in rollouts)
+    assert all(r["step"] == 2 and r["kept"] and r["advantage"] is not None for r in rollouts)
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["step-1", "step-2"]
 
     _ok(["eval", "--model", str(out / "final"), "--limit", "2", "--index", str(demo_index), "--out",

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import math
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,10 +17,12 @@ from zsearch_cli.errors import ZsearchError
 from zsearch_cli.rollout.engine import QARow
 from zsearch_cli.train.config import TrainConfig, algo_config, check_config, parse_algo_args
 
+from helpers import make_trajectory
+
 # ----------------------------------------------------------------------------- loss mask
 
 
-def _trajectory(tok: Any) -> dict[str, Any]:
+def _trajectory(tok: Any) -> SimpleNamespace:
     """prompt | sampled | observation (mask 0) | sampled, as the engine builds them."""
     enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
     prompt = enc("Question: who wrote the novel?")
@@ -27,9 +30,8 @@ def _trajectory(tok: Any) -> dict[str, Any]:
     obs = enc("\n\n<information>Doc 1(Title: \"Jane Austen\") Jane Austen wrote it.</information>\n\n")
     turn2 = enc("<answer> Jane Austen </answer>")
     response = turn1 + obs + turn2
-    return {"prompt_ids": prompt, "response_ids": response,
-            "loss_mask": [1] * len(turn1) + [0] * len(obs) + [1] * len(turn2),
-            "logprobs": [0.0] * len(response)}
+    return SimpleNamespace(prompt_ids=prompt, response_ids=response,
+                           loss_mask=[1] * len(turn1) + [0] * len(obs) + [1] * len(turn2))
 
 
 @pytest.mark.parametrize("algo", ["reinforce", "grpo", "dspo", "ppo"])
@@ -42,10 +44,9 @@ def test_masked_tokens_get_exactly_zero_gradient(algo, tiny_model_dir):
 
     model, tok = load_model(str(tiny_model_dir), device="cpu", trainable=True)
     short = _trajectory(tok)
-    short["response_ids"] = short["response_ids"][:-3]  # shorter response, longer prompt: padding in the batch
-    short["loss_mask"] = short["loss_mask"][:-3]
-    short["logprobs"] = short["logprobs"][:-3]
-    short["prompt_ids"] = tok.encode("Please answer this. ", add_special_tokens=False) + short["prompt_ids"]
+    short.response_ids = short.response_ids[:-3]  # shorter response, longer prompt: padding in the batch
+    short.loss_mask = short.loss_mask[:-3]
+    short.prompt_ids = tok.encode("Please answer this. ", add_special_tokens=False) + short.prompt_ids
     trajs = [_trajectory(tok), short]
     captured: list[torch.Tensor] = []
 
@@ -70,11 +71,11 @@ def test_masked_tokens_get_exactly_zero_gradient(algo, tiny_model_dir):
     grad = captured[0].grad  # [B, L - keep_from, V]: position keep_from + q predicts token keep_from + q + 1
     assert grad.shape[1] == batch.input_ids.shape[1] - batch.keep_from
     for i, t in enumerate(trajs):
-        p = len(t["prompt_ids"]) - batch.keep_from
-        for j, m in enumerate(t["loss_mask"]):
+        p = len(t.prompt_ids) - batch.keep_from
+        for j, m in enumerate(t.loss_mask):
             g = grad[i, p - 1 + j].abs().sum().item()
             assert (g > 0) if m else (g == 0.0), f"{algo} row {i} response token {j} (mask {m}): |grad| {g}"
-        beyond = grad[i, p - 1 + len(t["loss_mask"]):]
+        beyond = grad[i, p - 1 + len(t.loss_mask):]
         assert beyond.abs().sum().item() == 0.0  # padding and the last real position
         assert grad[i, : max(p - 1, 0)].abs().sum().item() == 0.0  # positions inside the prompt
 
@@ -89,7 +90,6 @@ def test_masked_tokens_get_exactly_zero_gradient(algo, tiny_model_dir):
     ({"algo": "ppo", "critic_model": "none"}, "--algo ppo needs a critic"),
     ({"algo": "ppo", "critic_lr": 0.0}, "--algo ppo needs a critic learning rate"),
     ({"algo": "grpo", "critic_model": "x"}, "--critic-model is only used by ppo"),
-    ({"algo": "hrpo"}, "--algo hrpo: hrpo trains the Dr. Zero proposer"),
     ({"reward": "bleu"}, "unknown --reward 'bleu'"),
     ({"lr_schedule": "linear"}, "unknown --lr-schedule 'linear'"),
     ({"algo_args": {"gamma": 0.9}}, "--algo-arg gamma: grpo has no such option"),
@@ -171,10 +171,10 @@ class FakeEngine:
         for r in rows:
             for g in range(group_size):
                 word = self.answers[r.id][g % len(self.answers[r.id])]
-                out.append({"id": f"{r.id}#{g}", "row_id": r.id, "sample_index": g, "group_id": f"{step}:{r.id}",
-                            "golden_answers": r.golden_answers, "response_text": f"<answer> {word} </answer>",
-                            "turns": [{"text": f"<answer> {word} </answer>"}], "prediction": word, "policy_tokens": 7, "response_tokens": 9, "num_turns": 1,
-                            "num_searches": 0, "num_invalid": 0})
+                out.append(make_trajectory(f"{r.id}#{g}", group_id=f"{step}:{r.id}", golden_answers=r.golden_answers,
+                                           response_text=f"<answer> {word} </answer>",
+                                           turns=[{"text": f"<answer> {word} </answer>"}], prediction=word,
+                                           policy_tokens=7, response_tokens=9))
         return out
 
 
@@ -199,22 +199,25 @@ def test_dspo_filter_stops_at_max_gen_batches_and_says_so():
 
     engine = FakeEngine({f"q{i}": ["yes"] for i in range(12)})  # every group all-correct: nothing is mixed
     got = _collect(engine, _data(12, 2), max_gen_batches=3)
-    assert got.gen_batches == 3 and engine.steps == [9, 10, 11]  # step 3 × budget 3 + batch index
+    assert got.gen_batches == 3 and engine.steps == [6, 7, 8]  # (step 3 − 1) × budget 3 + batch index
     assert got.kept_groups == 0 and got.train == [] and got.tokens_wasted == 3 * 2 * 2 * 7
     assert "kept 0/2 mixed groups after 3/3 generation batches" in got.notes[0]
     assert "no update this step" in got.notes[0]
     row = step_metrics(3, got, None, {})
-    assert (row["kept_frac"], row["gen_batches"], row["reward_mean"], row["samples"]) == (0.0, 3.0, 1.0, 0.0)
-    assert len({t["group_id"] for t in got.trajs}) == 6  # unique per prompt and generation batch
+    assert (row["filter/kept_frac"], row["filter/gen_batches"], row["rollout/reward_mean"], row["actor/samples"]) == (
+        0.0, 3.0, 1.0, 0.0)
+    with pytest.raises(ValueError, match="kl are not METRICS columns"):
+        step_metrics(3, got, {"kl": 0.1}, {})  # a flat or misspelt name is refused, not dropped
+    assert len({s.trajectory.group_id for s in got.samples}) == 6  # unique per prompt and generation batch
 
 
 def test_dspo_filter_collects_until_b_mixed_groups():
     answers = {f"q{i}": (["yes", "no"] if i % 2 else ["no"]) for i in range(12)}  # odd rows are mixed
     data = _data(12, 4)
     got = _collect(FakeEngine(answers), data, max_gen_batches=10)
-    kept = {t["group_id"] for t in got.train}
+    kept = {s.group_key for s in got.train}
     assert got.kept_groups == 4 == len(kept) and got.gen_batches >= 2 and not got.notes
-    assert all(t["kept"] == (t["group_id"] in kept) for t in got.trajs)
+    assert all(s.kept == (s.group_key in kept) for s in got.samples)
     assert got.kept_groups / got.total_groups == pytest.approx(4 / (4 * got.gen_batches))
     assert data.state() == {"epoch": 0, "position": 4 * got.gen_batches}
 
@@ -237,6 +240,51 @@ def test_dspo_filter_agrees_across_processes():
     data = _data(16, 8)
     got = _collect(FakeEngine(answers), data, shard=(0, 2), all_counts=all_counts, max_gen_batches=2)
     assert seen == [4, 8] and got.gen_batches == 2  # it had 4 after batch 1, yet sampled again
-    assert got.kept_groups == 3 == len({t["group_id"] for t in got.train})
+    assert got.kept_groups == 3 == len({s.group_key for s in got.train})
     assert "kept 3/4 mixed groups after 2/2 generation batches" in got.notes[0]
     assert data.state() == {"epoch": 0, "position": 16}  # both batches of 8 drawn, as on the other process
+
+
+@pytest.mark.parametrize("algo", ["reinforce", "ppo", "grpo", "gspo", "dspo", "dspo-nofilter", "dspo-token", "hrpo"])
+def test_every_statistic_a_loss_returns_has_a_metrics_column(algo):
+    """optimize() logs each loss statistic as actor/NAME (critic/NAME for the value loss) and
+    step_metrics refuses a name METRICS lacks: a new statistic must be declared, not dropped."""
+    from zsearch_cli.algos import ALGOS
+    from zsearch_cli.schemas import METRIC_COLUMNS
+
+    spec = ALGOS[algo]
+    cfg = spec.config_cls()
+    logp = torch.randn(2, 5) * 0.1 - 1.0
+    mask = torch.ones(2, 5, dtype=torch.bool)
+    adv = torch.randn(2, 5) if spec.needs_critic else torch.tensor([1.0, -1.0])
+    _, stats = spec.policy_loss(logp, logp - 0.01, adv, mask, cfg, ref_logp=logp + 0.01, entropy=torch.rand(2, 5))
+    names = [f"actor/{k}" for k in stats]
+    if spec.value_loss is not None:
+        _, vstats = spec.value_loss(torch.randn(2, 5), torch.randn(2, 5), torch.randn(2, 5), mask, cfg)
+        names += [f"critic/{k}" for k in vstats]
+    assert "actor/loss" in names and set(names) <= set(METRIC_COLUMNS), sorted(set(names) - set(METRIC_COLUMNS))
+
+
+def test_a_micro_batch_is_an_index_slice_of_the_steps_padded_batch():
+    """update.py pads the step once; each micro-batch's forward must still see exactly the
+    tensors its samples would get padded alone (same widths, same keep_from), or the
+    numerics of an update would change with the other samples of its step."""
+    from zsearch_cli.train.collect import Sample
+    from zsearch_cli.train.logprobs import collate
+    from zsearch_cli.train.update import step_batch
+
+    lengths = [(3, 5), (6, 2), (2, 7), (4, 4)]  # (prompt, response): the longest differ per subset
+    samples = []
+    for i, (p, r) in enumerate(lengths):
+        traj = make_trajectory(f"q{i}#0", prompt_ids=list(range(10, 10 + p)), response_ids=list(range(50, 50 + r)),
+                               loss_mask=[1, 0] * (r // 2) + [1] * (r % 2), logprobs=[-0.5] * r)
+        samples.append(Sample(traj, step=1, gen_batch=0, group_key=traj.group_id, reward=float(i)))
+    batch = step_batch(samples, pad_id=0)
+    assert batch.tokens.input_ids.shape == (4, 9) and batch.sampler_logp.shape == (4, 7)  # [N, L], [N, T]
+    for idx in ([0], [1], [0, 1], [1, 3], [3, 2, 0]):
+        alone = collate([samples[i].trajectory for i in idx], 0, "cpu")
+        sliced = batch.forward_batch(idx, "cpu")
+        for name in ("input_ids", "attention_mask", "resp_pos", "targets", "mask"):
+            assert torch.equal(getattr(sliced, name), getattr(alone, name)), (idx, name)
+        assert sliced.keep_from == alone.keep_from
+        assert batch.rows(batch.sampler_logp, idx).shape == alone.mask.shape

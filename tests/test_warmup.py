@@ -25,13 +25,13 @@ def test_teacher_searches_the_question_then_answers_the_gold(tiny_backend, proto
     search = RecordingSearch({question: [Passage("d1", "Danube", "The Danube flows through Vienna.")]})
     rows = [QARow("q0", question, ["Danube", "the Danube"]), QARow("q1", "Who wrote Emma?", ["Jane Austen"])]
     trajs = teacher_trajectories(rows, tok, protocol, search, RolloutConfig())
-    assert [t["prediction"] for t in trajs] == ["Danube", "Jane Austen"]
-    assert [t["num_searches"] for t in trajs] == [1, 1] and [t["num_invalid"] for t in trajs] == [0, 0]
+    assert [t.prediction for t in trajs] == ["Danube", "Jane Austen"]
+    assert [t.num_searches for t in trajs] == [1, 1] and [t.num_invalid for t in trajs] == [0, 0]
     assert [r.query for r in search.requests[0]] == [question, "Who wrote Emma?"]  # one search per row, its question
-    text = trajs[0]["response_text"]
+    text = trajs[0].response_text
     assert "The Danube flows through Vienna." in text and text.rstrip().endswith("<answer> Danube </answer>")
     # the loss mask covers exactly the teacher's two turns: the observation is masked out
-    ids, mask = trajs[0]["response_ids"], trajs[0]["loss_mask"]
+    ids, mask = trajs[0].response_ids, trajs[0].loss_mask
     taught = tok.decode([i for i, m in zip(ids, mask) if m])
     assert "Danube flows" not in taught and taught.count("<think>") == 2 and "<answer> Danube </answer>" in taught
     if isinstance(protocol, ToolCallProtocol):

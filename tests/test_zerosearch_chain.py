@@ -142,25 +142,25 @@ def test_zerosearch_chain_through_the_cli(chain_inputs, tiny_model_dir, tmp_path
                   "--index", str(index), "--out", str(run), "--save-rollouts", "--save-every", "0",
                   "--val-data", str(qa), "--val-limit", "2", "--val-every", "1"])
     metrics = read_artifact(run / "metrics.parquet", METRICS).to_pylist()
-    assert [m["noise_p"] for m in metrics] == pytest.approx([noise_probability(t, 2, 0.0, 0.5) for t in (0, 1)])
-    assert metrics[1]["noise_p"] == pytest.approx(0.5 / 3)  # (4^{1/2} - 1)/(4 - 1) * 0.5
-    assert all(m["val_em"] is not None and 0 <= m["val_f1"] <= 1 for m in metrics)
+    assert [m["search/noise_p"] for m in metrics] == pytest.approx([noise_probability(t, 2, 0.0, 0.5) for t in (0, 1)])
+    assert metrics[1]["search/noise_p"] == pytest.approx(0.5 / 3)  # (4^{1/2} - 1)/(4 - 1) * 0.5
+    assert all(m["val/em"] is not None and 0 <= m["val/f1"] <= 1 for m in metrics)
     assert "noise_p 0.167" in " ".join(result.output.split())
     config = read_metadata(run / "metrics.parquet")["config"]
     assert (config["noise_start"], config["noise_end"], config["noise_base"]) == (0.0, 0.5, None)
     calls = []
-    for step in (0, 1):
+    for step in (1, 2):  # 1-based, as the console and the checkpoints; eq. 1's t is the steps done before
         for t in read_artifact(run / "rollouts" / f"step-{step:06d}.parquet", ROLLOUT).to_pylist():
             for turn in json.loads(t["turns"]):
                 calls += [(step, c) for c in turn.get("search_log", [])]
     assert any(not c["cache_hit"] for _, c in calls), "the warmed policy should search the simulator"
     for step, c in calls:
-        assert c["p"] == pytest.approx(noise_probability(step, 2, 0.0, 0.5)) and c["step"] == step
+        assert c["p"] == pytest.approx(noise_probability(step - 1, 2, 0.0, 0.5)) and c["t"] == step - 1
         assert c["quality"] in ("useful", "noisy") and (c["cache_hit"] or isinstance(c["raw"], str))
         assert (c["quality"] == "noisy") == (c["u"] < c["p"])
-    val = read_artifact(run / "val" / "step-000001.examples.parquet", EVAL_EXAMPLE).to_pylist()
+    val = read_artifact(run / "val" / "step-000002.examples.parquet", EVAL_EXAMPLE).to_pylist()
     assert [v["id"] for v in val] == ["art-q010", "art-q011"]
-    assert metrics[1]["val_f1"] == pytest.approx(sum(v["f1"] for v in val) / 2)
+    assert metrics[1]["val/f1"] == pytest.approx(sum(v["f1"] for v in val) / 2)
     val_docs = [d for v in val for turn in json.loads(v["turn_log"]) for docs in turn.get("docs", []) for d in docs]
     assert val_docs and not any(d["id"].startswith("sim-") for d in val_docs)  # validation searched BM25
 
@@ -191,7 +191,7 @@ def test_zerosearch_recipe_script_runs(chain_inputs, tiny_model_dir, tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "== done" in proc.stdout
     metrics = read_artifact(out / "train" / "metrics.parquet", METRICS).to_pylist()
-    assert metrics[0]["noise_p"] == 0.0 and metrics[0]["val_em"] is not None
+    assert metrics[0]["search/noise_p"] == 0.0 and metrics[0]["val/em"] is not None
     assert read_metadata(out / "train" / "metrics.parquet")["config"]["preset"] == "zerosearch"
     (found,) = (out / "eval").rglob("agent.summary.parquet")  # OUT/<dataset key: the QA file's path>/
     assert read_artifact(found, EVAL_SUMMARY).to_pylist()[0]["n"] == 1

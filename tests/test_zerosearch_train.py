@@ -1,6 +1,6 @@
 """`zsearch train` for ZeroSearch: the --noise-* options (one-line errors, the preset, what
-reaches the simulator), the per-step noise_p metric, and validation on a real engine
-(--val-data) whose val_em/val_f1/val_subem land in the metrics rows. Tiny model, CPU."""
+reaches the simulator), the per-step search/noise_p metric, and validation on a real engine
+(--val-data) whose val/em, val/f1, val/subem land in the metrics rows. Tiny model, CPU."""
 
 from __future__ import annotations
 
@@ -91,12 +91,12 @@ def test_noise_options_and_seed_reach_the_simulator():
     cur = sim.curriculum
     assert (cur.p_start, cur.p_end, cur.base, cur.schedule, cur.seed, sim.config.mode) == \
         (0.1, 0.6, 2.0, "curriculum", 7, "prompt")
-    sim.set_progress(5, 10)
+    sim.progress(5, 10)
     assert sim.noise_p == pytest.approx(noise_probability(5, 10, 0.1, 0.6, 2.0))
     # the spec's seed is the user's choice; fixed schedule = p_s at every step
     cfg = TrainConfig(search="sim:unused?seed=3", noise_start=0.5, noise_schedule="fixed", seed=7)
     sim = make_search_backend(cfg.search, generator=object(), **search_options(cfg))
-    sim.set_progress(9, 10)
+    sim.progress(9, 10)
     assert (sim.curriculum.seed, sim.noise_p) == (3, 0.5)
 
 
@@ -110,17 +110,20 @@ def test_noise_p_per_step_and_validation_on_bm25(tmp_path, tiny_model_dir, demo_
         "--val-data", str(val_qa), "--val-every", "2", "--val-limit", "2"], env={"COLUMNS": "240"})
     assert result.exit_code == 0, result.output
     metrics = read_artifact(out / "metrics.parquet", METRICS).to_pylist()
-    assert [m["noise_p"] for m in metrics] == pytest.approx([noise_probability(t, 3, 0.1, 0.7, 2.0) for t in range(3)])
-    assert metrics[0]["noise_p"] == pytest.approx(0.1) and metrics[2]["noise_p"] == pytest.approx(0.1 + 0.6 * (2 ** (2 / 3) - 1))
+    assert [m["search/noise_p"] for m in metrics] == pytest.approx(
+        [noise_probability(t, 3, 0.1, 0.7, 2.0) for t in range(3)])  # eq. 1's t: the steps done before
+    assert metrics[0]["search/noise_p"] == pytest.approx(0.1)
+    assert metrics[2]["search/noise_p"] == pytest.approx(0.1 + 0.6 * (2 ** (2 / 3) - 1))
     # validated after step 2 (--val-every 2) and after the last step (3), not after step 1
-    assert [m["val_em"] is not None for m in metrics] == [False, True, True]
-    assert all(m["time_val"] > 0 for m in metrics[1:])
-    for step in (1, 2):
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert [m["val/em"] is not None for m in metrics] == [False, True, True]
+    assert all(m["time/val"] > 0 for m in metrics[1:])
+    for step in (2, 3):
         examples = read_artifact(out / "val" / f"step-{step:06d}.examples.parquet", EVAL_EXAMPLE).to_pylist()
         assert [e["id"] for e in examples] == ["v1", "v2"] and {e["dataset"] for e in examples} == {"val"}
         for key in ("em", "f1", "subem"):
-            assert metrics[step][f"val_{key}"] == pytest.approx(sum(e[key] for e in examples) / 2)
-    assert not (out / "val" / "step-000000.examples.parquet").exists()
+            assert metrics[step - 1][f"val/{key}"] == pytest.approx(sum(e[key] for e in examples) / 2)
+    assert not (out / "val" / "step-000001.examples.parquet").exists()
     assert read_metadata(out / "metrics.parquet")["config"]["noise_base"] == 2.0
     assert "| val em" in result.output
 

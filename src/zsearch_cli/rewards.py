@@ -7,7 +7,6 @@ substring of) every prediction and reward anything.
 
 from __future__ import annotations
 
-import json
 import re
 import string
 from collections import Counter
@@ -53,17 +52,6 @@ one response string that did not come from the engine (hand-written, external), 
 then split at observation blocks by text."""
 
 
-def policy_turns(traj: dict) -> list[str]:
-    """The model's own turn texts of an engine trajectory (its ``turns`` log), never the
-    inserted observations. Why not ``response_text``: a text search for observation tags
-    cannot tell the engine's ``<information>`` from one the policy wrote itself, and an
-    unclosed one written by the policy would hide everything after it, answer included."""
-    turns = traj["turns"]
-    if isinstance(turns, str):
-        turns = json.loads(turns)
-    return [str(t["text"]) for t in turns]
-
-
 def _segments(response: Response, protocol: str | None = None) -> list[str]:
     """The model's turns of ``response`` (see :data:`Response`)."""
     if not isinstance(response, str):
@@ -86,8 +74,8 @@ def extract_answer(response: Response) -> str | None:
 
     Pass the response only, never the prompt: the prompt's example ``<answer> Beijing
     </answer>`` would otherwise count (Search-R1 works around that with "take the last of
-    at least two tags"; we avoid it by construction). For engine trajectories pass
-    :func:`policy_turns`.
+    at least two tags"; we avoid it by construction). An engine trajectory needs none of
+    this: the engine parsed its answer already (``Trajectory.prediction``).
     """
     found = _ANSWER.findall(_model_text(response))
     return found[-1].strip() if found else None
@@ -186,6 +174,19 @@ def outcome_reward(
     reward = score_answer(extract_answer(response), golds)[metric]
     if format_bonus:
         reward += format_reward(response, protocol, format_bonus)
+    return reward
+
+
+def trajectory_reward(prediction: str | None, turns: Sequence[str], golds: Golds, metric: str = "em",
+                      protocol: str = "tags", format_bonus: float = 0.0) -> float:
+    """:func:`outcome_reward` of an engine trajectory: the answer the engine parsed
+    (``Trajectory.prediction``) is scored as is, not extracted again; ``turns`` (the model's
+    own turn texts) only feed the optional format bonus."""
+    if metric not in ("em", "f1", "subem"):
+        raise ValueError(f"unknown reward metric {metric!r}; choose em, f1 or subem")
+    reward = score_answer(prediction, golds)[metric]
+    if format_bonus:
+        reward += format_reward(turns, protocol, format_bonus)
     return reward
 
 

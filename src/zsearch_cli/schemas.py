@@ -177,6 +177,18 @@ PREDICTIONS = Artifact(
     optional=frozenset({"golden_answers"}),
 )
 
+ROLLOUT_PROPOSER_COLUMNS: tuple[tuple[str, pa.DataType], ...] = (
+    # Dr. Zero proposer runs (`zsearch propose`, HRPO): what the batch reward measured; null otherwise.
+    ("hops", pa.int32()),             # the hop count the prompt asked for (HRPO's group)
+    ("solver_k", pa.int32()),         # solver answers that matched the proposed answer, of n
+    ("gate_pass", pa.bool_()),        # the integrity gate: a question and an answer not inside it
+    ("difficulty", pa.float32()),     # I(0<k<n)(n-k)/(n-1)
+    ("format_reward", pa.float32()),  # r_f, the four format components
+    ("proposed_question", _str),
+    ("proposed_answer", _str),
+    ("solver_answers", _strs),        # the n solver predictions ("" = no <answer>)
+)
+
 ROLLOUT = Artifact(
     "rollout",
     pa.schema([
@@ -189,29 +201,43 @@ ROLLOUT = Artifact(
         ("subem", pa.float32()),
         ("advantage", pa.float32()),  # A_i; PPO: mean of A_t over the policy tokens; null if not trained on
         ("kept", pa.bool_()),         # used for the update (DSPO drops uniform-reward groups)
+        *ROLLOUT_PROPOSER_COLUMNS,
     ]),
     unique="id",
-    optional=frozenset({"advantage"}),
+    optional=frozenset({"advantage"}) | frozenset(name for name, _ in ROLLOUT_PROPOSER_COLUMNS),
 )
 
 _f64 = pa.float64()
 METRIC_COLUMNS: tuple[str, ...] = (
-    "reward_mean", "reward_std", "em", "f1", "subem", "response_length", "policy_tokens", "turns",
-    "searches", "invalid", "answered", "kl", "entropy", "clipfrac", "approx_kl", "pg_loss", "loss",
-    "grad_norm", "vf_loss", "vf_clipfrac", "critic_grad_norm", "lr", "critic_lr", "samples",
-    "kept_groups", "kept_frac", "gen_batches", "tokens_wasted", "noise_p", "logp_mismatch",
-    "time_rollout", "time_reward", "time_update", "time_step",
-    # --backend vllm: seconds spent pushing the weights into the engine (inside time_update),
-    # and max |engine - policy| logprob on a fixed probe right after that sync.
-    "time_sync", "sync_mismatch",
-    # Dr. Zero proposer runs (HRPO): mean difficulty I(0<k<n)(n-k)/(n-1) and format reward over
-    # the step's proposals, mean solver k over the questions that pass the gate, how many pass,
-    # and how many proposals of each hop count the step drew.
-    "difficulty", "format_reward", "solver_k", "gate_pass", "hops_1", "hops_2", "hops_3", "hops_4",
-    # --val-data: greedy validation of the policy after this step, on a real search engine.
-    "val_em", "val_f1", "val_subem", "time_val",
+    # rollout/: every trajectory the step generated (kept or not), so they describe the policy.
+    # logp_mismatch: mean |sampler - training forward| logprob over the policy tokens;
+    # sync_mismatch (--backend vllm): max |engine - policy| logprob on a fixed probe after the sync.
+    "rollout/reward_mean", "rollout/reward_std", "rollout/em", "rollout/f1", "rollout/subem",
+    "rollout/response_length", "rollout/policy_tokens", "rollout/turns", "rollout/searches", "rollout/invalid",
+    "rollout/answered", "rollout/logp_mismatch", "rollout/sync_mismatch",
+    # actor/: the policy update. Every statistic a policy loss returns (algos/__init__.py lists
+    # them), averaged over the step's optimizer steps; samples = sequences trained on.
+    "actor/loss", "actor/pg_loss", "actor/clipfrac", "actor/approx_kl", "actor/ratio_mean", "actor/ratio_max",
+    "actor/token_ratio_mean", "actor/token_ratio_max", "actor/kl_ref", "actor/entropy", "actor/seq_logp_mean",
+    "actor/grad_norm", "actor/lr", "actor/samples",
+    # critic/: PPO's value update, every statistic its value loss returns.
+    "critic/vf_loss", "critic/vf_clipfrac", "critic/vpred_mean", "critic/grad_norm", "critic/lr",
+    # filter/: DSPO's dynamic filter (gen_batches is logged for every algorithm).
+    "filter/kept_groups", "filter/kept_frac", "filter/gen_batches", "filter/tokens_wasted",
+    # search/: what the search backend reports (the simulator's noise probability p(t)).
+    "search/noise_p",
+    # proposer/: Dr. Zero proposer runs (HRPO): mean difficulty I(0<k<n)(n-k)/(n-1) and format
+    # reward over the step's proposals, mean solver k over the questions that pass the gate,
+    # how many pass, and how many proposals of each hop count the step drew.
+    "proposer/difficulty", "proposer/format_reward", "proposer/solver_k", "proposer/gate_pass",
+    "proposer/hops_1", "proposer/hops_2", "proposer/hops_3", "proposer/hops_4",
+    # val/: --val-data, greedy validation of the policy after this step, on a real search engine.
+    "val/em", "val/f1", "val/subem",
+    # time/: seconds; sync (--backend vllm, inside update) pushes the weights into the engine.
+    "time/rollout", "time/reward", "time/update", "time/sync", "time/val", "time/step",
 )  # fmt: skip
-"""Per-step training metrics, all float64 (null when a metric does not apply to the run)."""
+"""Per-step training metrics, all float64 (null when a metric does not apply to the run),
+named ``namespace/name``; ``step`` counts from 1, as the console and the checkpoints do."""
 
 METRICS = Artifact(
     "metrics",
@@ -579,7 +605,9 @@ class ArtifactWriter:
 
     def write(self, data: pa.Table | pa.RecordBatch | Iterable[dict[str, Any]]) -> None:
         if not isinstance(data, (pa.Table, pa.RecordBatch)):
-            data = pa.Table.from_pylist(list(data), schema=self.artifact.schema)
+            rows = list(data)
+            self._check_keys(rows)
+            data = pa.Table.from_pylist(rows, schema=self.artifact.schema)
         elif data.schema.remove_metadata() != self.artifact.schema:
             data = data.select(self.artifact.schema.names).cast(self.artifact.schema)
         if isinstance(data, pa.RecordBatch):
@@ -587,6 +615,15 @@ class ArtifactWriter:
         assert self._writer is not None
         self._writer.write_table(data.replace_schema_metadata(self.schema.metadata))
         self.rows += data.num_rows
+
+    def _check_keys(self, rows: list[dict[str, Any]]) -> None:
+        """A key the schema lacks is an error, not silently dropped: a value someone meant
+        to save would otherwise vanish (declare it in the artifact's schema above)."""
+        names = set(self.artifact.schema.names)
+        unknown = sorted({key for row in rows for key in row} - names)
+        if unknown:
+            raise ZsearchError(f"{self.path}: a {self.artifact.name} table has no column {', '.join(map(repr, unknown))} "
+                               "(declare it in zsearch_cli/schemas.py, or leave it out)")
 
     def __exit__(self, exc_type, exc, tb) -> None:
         assert self._writer is not None and self._tmp is not None

@@ -107,10 +107,11 @@ def test_ddp_runs_one_synced_engine_per_process(tmp_path, vllm_tiny_dir):
 
     metrics = read_artifact(out / "metrics.parquet", METRICS).to_pylist()
     assert len(metrics) == steps
-    print("logp_mismatch", [m["logp_mismatch"] for m in metrics], "sync_mismatch", [m["sync_mismatch"] for m in metrics])
+    print("logp_mismatch", [m["rollout/logp_mismatch"] for m in metrics],
+          "sync_mismatch", [m["rollout/sync_mismatch"] for m in metrics])
     for m in metrics:
-        assert m["grad_norm"] > 0
-        assert 0 < m["logp_mismatch"] < TOL and 0 <= m["sync_mismatch"] < TOL
+        assert m["actor/grad_norm"] > 0
+        assert 0 < m["rollout/logp_mismatch"] < TOL and 0 <= m["rollout/sync_mismatch"] < TOL
 
     first = sorted((out / "rollouts").glob("*.rank0.parquet"))[0]
     prompts = [{tuple(row["prompt_ids"]) for row in read_artifact(first.with_name(first.name.replace("rank0", f"rank{r}")),

@@ -42,10 +42,10 @@ def _zsearch(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return proc
 
 
-def odd_share(traj: dict) -> float:
+def odd_share(traj) -> float:
     """A reward the random tiny model's samples differ in (the share of odd token ids), so every
     GRPO group has non-zero advantages and every step a non-zero gradient."""
-    ids = traj["response_ids"]
+    ids = traj.response_ids
     return sum(i % 2 for i in ids) / max(len(ids), 1)
 
 
@@ -65,7 +65,7 @@ def test_three_steps_stay_synced(tmp_path, vllm_tiny_dir, demo_index):
 
     trainer = _trainer(tmp_path, vllm_tiny_dir, demo_index)
     try:
-        rows = [trainer.train_step(step) for step in range(3)]
+        rows = [trainer.train_step(step) for step in (1, 2, 3)]
         # After the last sync the engine is the trained policy: same greedy ids as HF on it.
         prompts = [trainer.tokenizer.encode(t) for t in ("Who wrote the novel?", "The river flows")]
         greedy = SamplingParams(max_new_tokens=16, temperature=0.0)
@@ -74,11 +74,12 @@ def test_three_steps_stay_synced(tmp_path, vllm_tiny_dir, demo_index):
         assert [o.token_ids for o in trainer.generation.generate(prompts, greedy)] == [o.token_ids for o in want]
     finally:
         trainer.close()
-    print("logp_mismatch", [r["logp_mismatch"] for r in rows], "sync_mismatch", [r["sync_mismatch"] for r in rows])
+    print("logp_mismatch", [r["rollout/logp_mismatch"] for r in rows],
+          "sync_mismatch", [r["rollout/sync_mismatch"] for r in rows])
     for r in rows:
-        assert r["grad_norm"] > 0 and r["reward_std"] > 0
-        assert 0 < r["logp_mismatch"] < TOL and 0 <= r["sync_mismatch"] < TOL
-        assert r["time_sync"] is not None and r["time_sync"] < r["time_update"]
+        assert r["actor/grad_norm"] > 0 and r["rollout/reward_std"] > 0
+        assert 0 < r["rollout/logp_mismatch"] < TOL and 0 <= r["rollout/sync_mismatch"] < TOL
+        assert r["time/sync"] is not None and r["time/sync"] < r["time/update"]
 
 
 def test_a_sync_that_leaves_the_engine_stale_stops_training(tmp_path, vllm_tiny_dir, demo_index):
@@ -86,12 +87,12 @@ def test_a_sync_that_leaves_the_engine_stale_stops_training(tmp_path, vllm_tiny_
     trainer = _trainer(tmp_path, vllm_tiny_dir, demo_index)
     try:
         trainer.generation.update_weights = lambda weights: None
-        # The rollout guard (logp_mismatch), with the probe check out of the way: step 1's
-        # rollouts come from step 0's weights, the training forward from the updated policy.
+        # The rollout guard (logp_mismatch), with the probe check out of the way: step 2's
+        # rollouts come from the starting weights, the training forward from the updated policy.
         trainer._probe_mismatch = lambda policy: 0.0
-        trainer.train_step(0)
-        with pytest.raises(ZsearchError, match=r"step 1: the rollout logprobs differ .* \(logp_mismatch; tolerance"):
-            trainer.train_step(1)
+        trainer.train_step(1)
+        with pytest.raises(ZsearchError, match=r"step 2: the rollout logprobs differ .* \(logp_mismatch; tolerance"):
+            trainer.train_step(2)
         # The probe guard, which runs right after each sync, catches it before any rollout.
         del trainer._probe_mismatch
         with pytest.raises(ZsearchError, match=r"the vLLM weight sync failed: .* \(tolerance 1e-03 for float32\)") as err:
@@ -111,7 +112,8 @@ def test_train_cli_lora_exits_cleanly_and_evals(tmp_path, vllm_tiny_dir, demo_in
     assert "Traceback" not in proc.stderr and "Invalid process group" not in proc.stderr, proc.stderr[-3000:]
     assert (out / "final" / "adapter_config.json").is_file()
     metrics = read_artifact(out / "metrics.parquet", METRICS).to_pylist()
-    assert len(metrics) == 2 and all(m["sync_mismatch"] < TOL and m["logp_mismatch"] < TOL for m in metrics)
+    assert len(metrics) == 2 and all(m["rollout/sync_mismatch"] < TOL and m["rollout/logp_mismatch"] < TOL
+                                     for m in metrics)
 
 
 def test_eval_vllm_trajectories_equal_hf_greedy(tmp_path, vllm_tiny_dir, demo_index):

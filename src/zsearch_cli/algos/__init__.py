@@ -74,6 +74,9 @@ from zsearch_cli.algos.hrpo import HRPOConfig, hrpo_advantages, hrpo_policy_loss
 from zsearch_cli.algos.ppo import PPOConfig, ppo_advantages, ppo_policy_loss, ppo_value_loss
 from zsearch_cli.algos.reinforce import ReinforceConfig, reinforce_advantages
 
+AlgoConfig = ReinforceConfig | PPOConfig | GRPOConfig | GSPOConfig | DSPOConfig | DSPOTokenConfig | HRPOConfig
+"""Any entry's frozen config (``AlgoSpec.config_cls()``)."""
+
 
 @dataclass(frozen=True)
 class AlgoSpec:
@@ -107,6 +110,9 @@ class AlgoSpec:
     """Smallest sensible ``cfg.group_size`` (group baselines need G >= 2)."""
     group_by: Literal["prompt", "hop", "none"] = "prompt"
     """What ``group_ids`` must hold: a per-prompt unique string, the hop count, or nothing used."""
+    batch_reward: str | None = None
+    """Why this entry needs a stage's batch reward (which supplies its rewards and its group
+    keys when they are not prompts), and which stage has one; None = any reward works."""
     on_policy: bool = False
     """Exactly one gradient update per rollout batch (HRPO: no ratio, no clipping)."""
     reward: str = "em"
@@ -162,11 +168,15 @@ ALGOS: dict[str, AlgoSpec] = {
         name="hrpo", config_cls=HRPOConfig,
         policy_loss=hrpo_policy_loss, advantages=hrpo_advantages,
         group_by="hop", on_policy=True, group_size=1,
+        batch_reward=("hrpo trains the Dr. Zero proposer: its reward needs the frozen solver and its groups are "
+                      "hop counts, which only the proposer's batch reward supplies; use `zsearch propose` "
+                      "(or the `zsearch drzero` loop)"),
     ),
 }
 
 __all__ = [
     "ALGOS",
+    "AlgoConfig",
     "AlgoSpec",
     "DSPOConfig",
     "DSPOTokenConfig",

@@ -46,13 +46,22 @@ from numpy.lib.format import open_memmap
 from rank_bm25 import BM25 as _RankBM25
 
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.retrieval.maxscore import BLOCK, ImpactIndex, block_upper_bounds, maxscore_top_k, term_upper_bounds
+from zsearch_cli.retrieval.maxscore import (
+    BLOCK,
+    KERNEL,
+    ImpactIndex,
+    block_upper_bounds,
+    kernel_top_k,
+    maxscore_top_k,
+    term_upper_bounds,
+)
 from zsearch_cli.retrieval.tokenize import Tokenizer
 
 BACKENDS = ("bm25s", "rank-bm25")
-SEARCH_MODES = ("maxscore", "exhaustive")
-"""How the bm25s backend finds the top-k: MaxScore pruning (default, see maxscore.py) or
-scoring every posting of every query term (the reference). Both return identical lists.
+SEARCH_MODES = ("maxscore", "maxscore-numpy", "exhaustive")
+"""How the bm25s backend finds the top-k: MaxScore pruning (default; its C loop, or the numpy
+one where the C extension was not built; see maxscore.py), the numpy MaxScore loop, or
+scoring every posting of every query term (the reference). All return identical lists.
 ``ZSEARCH_BM25_SEARCH=exhaustive`` selects the reference process-wide."""
 TERM_MAX_FILE = "term_max.npy"
 """float32 [vocab]: each term's largest stored score contribution (MaxScore's bound)."""
@@ -368,7 +377,9 @@ class BM25Searcher:
             if self.backend != "bm25s":
                 return top_k(self._scores(q), k)
             indptr, indices = self.model.scores["indptr"], self.model.scores["indices"]
-            if self.mode == "maxscore":
+            if self.mode == "maxscore" and KERNEL:
+                return kernel_top_k(q, k, self.impacts)
+            if self.mode.startswith("maxscore"):
                 return maxscore_top_k(q, k, self.impacts)
             # Only passages in a query term's posting list can score above 0.
             terms = sorted(set(q))

@@ -51,6 +51,13 @@ their lists: below it, MaxScore's per-term Python steps cost more than they save
 _local = threading.local()
 _EMPTY = (np.zeros(0, dtype=np.float32), np.zeros(0, dtype=np.int64))
 
+try:  # the same MaxScore, document at a time, in C (retrieval/_maxscore.c; built at install)
+    from zsearch_cli.retrieval import _maxscore as _kernel
+except ImportError:  # no C compiler at install time: the numpy loop below, same results
+    _kernel = None
+KERNEL = _kernel is not None
+"""Whether the C loop is installed (``make test`` refuses to run without it)."""
+
 
 def term_upper_bounds(data: np.ndarray, indptr: np.ndarray, chunk: int = 1 << 22) -> np.ndarray:
     """``max(data[indptr[t]:indptr[t+1]])`` per term (0 for empty columns), float32.
@@ -168,6 +175,19 @@ def block_upper_bounds(data: np.ndarray, indptr: np.ndarray, chunk_blocks: int =
         lo, hi = int(at[0]), (int(first(np.array([c1]))[0]) if c1 < n_blocks else nnz)
         out[c0:c1] = np.maximum.reduceat(np.asarray(data[lo:hi], dtype=np.float32), at - lo)
     return out
+
+
+def kernel_top_k(query: Sequence[int], k: int, ix: ImpactIndex) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`maxscore_top_k` by the C loop (``retrieval/_maxscore.c``): the same list, bit
+    for bit. The C loop goes document at a time: each candidate's bound is tightened list by
+    list and it is scored exactly, in query order, only while it can still beat the k-th best
+    score; it runs without the GIL, so a thread pool scales a batch over every core."""
+    if k < 1 or len(query) == 0:
+        return _EMPTY
+    scores, rows = np.empty(k, dtype=np.float32), np.empty(k, dtype=np.int64)
+    n = _kernel.top_k(ix.indptr, ix.indices, ix.data, ix.term_max, np.asarray(query, dtype=np.int64), k,
+                      scores, rows)
+    return scores[:n], rows[:n]
 
 
 def maxscore_top_k(query: Sequence[int], k: int, ix: ImpactIndex) -> tuple[np.ndarray, np.ndarray]:

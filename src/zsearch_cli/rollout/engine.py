@@ -13,7 +13,6 @@ observation, the engine does the rest (batching, limits, search calls, bookkeepi
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -22,6 +21,7 @@ from zsearch_cli.errors import ZsearchError
 from zsearch_cli.models.base import GenerationBackend, SamplingParams
 from zsearch_cli.options import RolloutOptions
 from zsearch_cli.retrieval.base import Passage
+from zsearch_cli.rollout.trajectory import Trajectory
 from zsearch_cli.search.base import SearchBackend, SearchBackendError, SearchRequest
 
 
@@ -165,9 +165,9 @@ class RolloutEngine:
         group_size: int = 1,
         step: int = 0,
         on_row_done: Callable[[int], None] | None = None,
-    ) -> list[dict[str, Any]]:
-        """Roll out ``group_size`` samples per row; returns one trajectory dict per sample
-        (the TRAJECTORY artifact's columns), ordered row-major."""
+    ) -> list[Trajectory]:
+        """Roll out ``group_size`` samples per row; returns one :class:`Trajectory` per
+        sample, ordered row-major."""
         cfg = self.config
         samples: list[_Sample] = []
         for row in rows:
@@ -234,7 +234,7 @@ class RolloutEngine:
                         s.extend(obs, None)
             self._run_searches(pending, samples, step, finish)
 
-        return self._to_rows(samples)
+        return self._trajectories(samples)
 
     def _run_searches(self, pending, samples, step, finish) -> None:
         if not pending:
@@ -250,7 +250,7 @@ class RolloutEngine:
         try:
             results = self.search.search(requests, self.config.topk)
         except ZsearchError as err:
-            done = self._to_rows([s for s in samples if s.finish is not None])
+            done = self._trajectories([s for s in samples if s.finish is not None])
             raise SearchBackendError(f"search backend failed at step {step}: {err}", completed=done) from None
         per_sample: list[list[Any]] = [[] for _ in pending]
         for owner, res in zip(owners, results):
@@ -279,30 +279,31 @@ class RolloutEngine:
                 continue
             s.extend(obs, None)
 
-    def _to_rows(self, samples: Sequence[_Sample]) -> list[dict[str, Any]]:
+    def _trajectories(self, samples: Sequence[_Sample]) -> list[Trajectory]:
         texts = self._decode_many([s.response_ids for s in samples])
-        return [self._to_row(s, text) for s, text in zip(samples, texts)]
+        return [self._trajectory(s, text) for s, text in zip(samples, texts)]
 
-    def _to_row(self, s: _Sample, response_text: str) -> dict[str, Any]:
-        return {
-            "id": f"{s.row.id}#{s.sample_index}",
-            "row_id": s.row.id,
-            "sample_index": s.sample_index,
-            "group_id": s.group_id,
-            "question": s.row.question,
-            "golden_answers": list(s.row.golden_answers),
-            "prompt_ids": s.prompt_ids,
-            "response_ids": s.response_ids,
-            "loss_mask": s.loss_mask,
-            "logprobs": s.logprobs,
-            "turns": json.dumps(s.turns, ensure_ascii=False),
-            "response_text": response_text,
-            "prediction": s.prediction,
-            "finish_reason": s.finish or "max_turns",
-            "num_turns": len(s.turns),
-            "num_searches": s.searches,
-            "num_invalid": s.invalid,
-            "prompt_tokens": len(s.prompt_ids),
-            "response_tokens": len(s.response_ids),
-            "policy_tokens": sum(s.loss_mask),
-        }
+    @staticmethod
+    def _trajectory(s: _Sample, response_text: str) -> Trajectory:
+        return Trajectory(
+            id=f"{s.row.id}#{s.sample_index}",
+            row_id=s.row.id,
+            sample_index=s.sample_index,
+            group_id=s.group_id,
+            question=s.row.question,
+            golden_answers=list(s.row.golden_answers),
+            prompt_ids=s.prompt_ids,
+            response_ids=s.response_ids,
+            loss_mask=s.loss_mask,
+            logprobs=s.logprobs,
+            turns=s.turns,
+            response_text=response_text,
+            prediction=s.prediction,
+            finish_reason=s.finish or "max_turns",
+            num_turns=len(s.turns),
+            num_searches=s.searches,
+            num_invalid=s.invalid,
+            prompt_tokens=len(s.prompt_ids),
+            response_tokens=len(s.response_ids),
+            policy_tokens=sum(s.loss_mask),
+        )

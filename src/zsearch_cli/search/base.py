@@ -8,7 +8,7 @@ code sent another row's question when some rows of a batch did not search.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol, Sequence
+from typing import Any, Sequence
 
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.retrieval.base import Passage
@@ -43,13 +43,21 @@ class SearchBackendError(ZsearchError):
         self.completed = completed or []
 
 
-class SearchBackend(Protocol):
-    name: str
+class SearchBackend:
+    """What every search backend is: :meth:`search`, plus two training hooks with no-op
+    defaults, so the trainer calls them on any backend without probing for them."""
+
+    name: str = "search"
 
     def search(self, requests: Sequence[SearchRequest], topk: int) -> list[SearchResult]:
         """All of a turn's queries in one batched call; one result per request, in order."""
-        ...
+        raise NotImplementedError
 
-    def set_progress(self, step: int, total_steps: int) -> None:
-        """Training progress (the simulator's noise curriculum reads it); others ignore it."""
-        ...
+    def progress(self, step: int, total: int) -> None:
+        """Training progress before step ``step`` of ``total`` (0-based: the steps already
+        done). The simulator's noise curriculum reads it (ZeroSearch eq. 1); others ignore it."""
+
+    def metrics(self) -> dict[str, float]:
+        """Numbers to log for the current step, without a namespace (the trainer logs them as
+        ``search/<name>``); e.g. the simulator's noise probability ``noise_p``."""
+        return {}

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from zsearch_cli.search.base import SearchBackendError, SearchRequest, SearchResult
+from zsearch_cli.search.base import SearchBackend, SearchBackendError, SearchRequest, SearchResult
 from zsearch_cli.errors import ZsearchError
 
 
-class HTTPSearch:
+class HTTPSearch(SearchBackend):
     def __init__(self, url: str, timeout: float = 60.0, retries: int = 3, backoff: float = 0.5):
         from zsearch_cli.retrieval.client import RetrievalClient
 
@@ -29,6 +29,3 @@ class HTTPSearch:
         except ZsearchError as err:
             raise SearchBackendError(str(err)) from None
         return [SearchResult(passages=h) for h in hits]
-
-    def set_progress(self, step: int, total_steps: int) -> None:
-        pass

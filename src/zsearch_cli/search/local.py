@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from zsearch_cli.search.base import SearchRequest, SearchResult
+from zsearch_cli.search.base import SearchBackend, SearchRequest, SearchResult
 
 
-class IndexSearch:
+class IndexSearch(SearchBackend):
     """Wraps :class:`zsearch_cli.retrieval.index.SearchIndex`; one batched call per turn."""
 
     def __init__(self, index_dir: str | Path, method: str = "auto"):
@@ -23,6 +23,3 @@ class IndexSearch:
             return []
         hits = self.index.search([r.query for r in requests], topk, method=self.method)
         return [SearchResult(passages=h) for h in hits]
-
-    def set_progress(self, step: int, total_steps: int) -> None:
-        pass

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.prompts.simulator import PROMPT_MODE_SYSTEM
 from zsearch_cli.retrieval.base import Passage
-from zsearch_cli.search.base import SearchBackendError, SearchRequest, SearchResult
+from zsearch_cli.search.base import SearchBackend, SearchBackendError, SearchRequest, SearchResult
 from zsearch_cli.search.curriculum import NoiseCurriculum, derived_seed
 from zsearch_cli.search.sim_text import (
     MODES,
@@ -116,7 +116,7 @@ def _doc_id(text: str) -> str:
     return "sim-" + hashlib.blake2b(text.encode("utf-8"), digest_size=6).hexdigest()
 
 
-class SimulatedSearch:
+class SimulatedSearch(SearchBackend):
     """A :class:`~zsearch_cli.search.base.SearchBackend` whose documents an LLM writes.
 
     ``target`` is a model id/folder, or an ``http(s)://`` OpenAI-compatible base URL.
@@ -148,13 +148,16 @@ class SimulatedSearch:
 
     # ------------------------------------------------------------------ progress
 
-    def set_progress(self, step: int, total_steps: int) -> None:
-        self.curriculum.set_progress(step, total_steps)
+    def progress(self, step: int, total: int) -> None:
+        self.curriculum.set_progress(step, total)
 
     @property
     def noise_p(self) -> float:
-        """p(t) at the current step (the trainer logs it as ``noise_p``)."""
+        """p(t) at the current step (the trainer logs it as ``search/noise_p``)."""
         return self.curriculum.p
+
+    def metrics(self) -> dict[str, float]:
+        return {"noise_p": float(self.noise_p)}
 
     # ------------------------------------------------------------------ search
 
@@ -212,10 +215,11 @@ class SimulatedSearch:
         return results
 
     def _draw(self, r: SearchRequest, quality: str | None) -> dict[str, Any]:
-        """The start of a call's log: step, p(t), the draw (u, quality) and its identity."""
+        """The start of a call's log: t, p(t), the draw (u, quality) and its identity. ``t`` is
+        eq. 1's: the training steps done before this one (training step t + 1, 1-based)."""
         cur = self.curriculum
         call_index = cur.next_call_index(r.row_id, r.sample_index, r.query)
-        log: dict[str, Any] = {"simulator": self.name, "mode": self.config.mode, "step": cur.step,
+        log: dict[str, Any] = {"simulator": self.name, "mode": self.config.mode, "t": cur.step,
                                "p": cur.p, "call_index": call_index}
         if quality is None:
             log["u"], log["quality"] = cur.draw(r.row_id, r.sample_index, r.query, call_index)

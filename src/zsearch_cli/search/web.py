@@ -19,12 +19,12 @@ from zsearch_cli import net
 from zsearch_cli.errors import ZsearchError, redact
 from zsearch_cli.retrieval.base import Passage
 from zsearch_cli.retry import PermanentError, with_retries
-from zsearch_cli.search.base import SearchBackendError, SearchRequest, SearchResult
+from zsearch_cli.search.base import SearchBackend, SearchBackendError, SearchRequest, SearchResult
 
 SERPAPI_URL = "https://serpapi.com/search.json"
 
 
-class SerpAPISearch:
+class SerpAPISearch(SearchBackend):
     def __init__(
         self,
         api_key: str | None = None,
@@ -77,6 +77,3 @@ class SerpAPISearch:
         except ZsearchError as err:
             raise SearchBackendError(str(err)) from None
         return [SearchResult(passages=h) for h in hits]
-
-    def set_progress(self, step: int, total_steps: int) -> None:
-        pass

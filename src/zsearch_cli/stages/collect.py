@@ -19,7 +19,6 @@ one would have.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -32,6 +31,7 @@ from zsearch_cli.data.qa import load_qa
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.options import CollectOptions
 from zsearch_cli.rewards import score_answer
+from zsearch_cli.rollout.trajectory import Trajectory
 from zsearch_cli.schemas import COLLECTED_QUERY, TRAJECTORY, read_artifact, read_metadata, write_artifact
 
 console = Console(stderr=True)
@@ -53,7 +53,7 @@ def document_text(doc: dict[str, Any]) -> str:
     return f"{doc.get('title') or ''}\n{doc.get('text') or ''}"
 
 
-def query_rows(trajectories: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def query_rows(trajectories: Iterable[Trajectory]) -> list[dict[str, Any]]:
     """One COLLECTED_QUERY row per search the trajectories ran, in trajectory and turn order.
 
     A turn ran a search exactly when the engine logged its ``doc_ids``; queries of turns
@@ -63,37 +63,36 @@ def query_rows(trajectories: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """
     rows: list[dict[str, Any]] = []
     for t in trajectories:
-        turns = json.loads(t["turns"]) if isinstance(t["turns"], str) else t["turns"]
-        correct = score_answer(t["prediction"], t["golden_answers"])["em"] == 1.0
-        for pos, turn in enumerate(turns):
+        correct = score_answer(t.prediction, t.golden_answers)["em"] == 1.0
+        for pos, turn in enumerate(t.turns):
             if "doc_ids" not in turn:
                 continue
             index = turn.get("turn", pos)
             docs = turn.get("docs")
             if docs is None:
                 raise ZsearchError(
-                    f"trajectory {t['id']!r}: turn {index} logged doc_ids but no docs (it was written before "
+                    f"trajectory {t.id!r}: turn {index} logged doc_ids but no docs (it was written before "
                     "zsearch recorded the documents); collect it again"
                 )
             queries = list(turn.get("queries") or [])
             if len(docs) != len(queries):
                 raise ZsearchError(
-                    f"trajectory {t['id']!r}: turn {index} has {len(queries)} queries but {len(docs)} result lists"
+                    f"trajectory {t.id!r}: turn {index} has {len(queries)} queries but {len(docs)} result lists"
                 )
             for qi, (query, found) in enumerate(zip(queries, docs)):
                 rows.append({
-                    "id": f"{t['id']}/t{index}/q{qi}",
-                    "row_id": t["row_id"],
-                    "trajectory_id": t["id"],
-                    "sample_index": t["sample_index"],
+                    "id": f"{t.id}/t{index}/q{qi}",
+                    "row_id": t.row_id,
+                    "trajectory_id": t.id,
+                    "sample_index": t.sample_index,
                     "turn": index,
                     "query_index": qi,
-                    "question": t["question"],
-                    "golden_answers": list(t["golden_answers"]),
+                    "question": t.question,
+                    "golden_answers": list(t.golden_answers),
                     "query": query,
                     "doc_ids": [d["id"] for d in found],
                     "documents": [document_text(d) for d in found],
-                    "prediction": t["prediction"],
+                    "prediction": t.prediction,
                     "correct": correct,
                 })
     return rows
@@ -119,7 +118,7 @@ def _check_options(opts: CollectOptions) -> None:
         raise ZsearchError(f"--limit must be >= 1, got {opts.limit}")
 
 
-def _load_previous(path: Path, config: dict[str, Any]) -> list[dict[str, Any]]:
+def _load_previous(path: Path, config: dict[str, Any]) -> list[Trajectory]:
     """The trajectories of an earlier run into the same folder, if its options match."""
     if not path.exists():
         return []
@@ -131,13 +130,13 @@ def _load_previous(path: Path, config: dict[str, Any]) -> list[dict[str, Any]]:
                 f"{path}: was collected with {flag} {before[key]!r}, this run has {config[key]!r}; "
                 "use another --out, or the same options to resume"
             )
-    return read_artifact(path, TRAJECTORY).to_pylist()
+    return [Trajectory.from_row(r) for r in read_artifact(path, TRAJECTORY).to_pylist()]
 
 
-def _save(trajs: list[dict[str, Any]], out: Path, config: dict[str, Any]) -> list[dict[str, Any]]:
+def _save(trajs: list[Trajectory], out: Path, config: dict[str, Any]) -> list[dict[str, Any]]:
     """Rewrite both files atomically (trajectories first: the queries derive from them)."""
     queries = query_rows(trajs)
-    write_artifact(trajs, out / TRAJECTORIES_FILE, TRAJECTORY, config)
+    write_artifact([t.to_row() for t in trajs], out / TRAJECTORIES_FILE, TRAJECTORY, config)
     write_artifact(queries, out / QUERIES_FILE, COLLECTED_QUERY, config)
     return queries
 
@@ -152,7 +151,7 @@ def collect(opts: CollectOptions, config: dict[str, Any]) -> dict[str, Any]:
         qa = qa.slice(0, opts.limit)
     rows = [QARow(r["id"], r["question"], r["golden_answers"]) for r in qa.to_pylist()]
     trajs = _load_previous(opts.out / TRAJECTORIES_FILE, config)
-    done = {t["row_id"] for t in trajs}
+    done = {t.row_id for t in trajs}
     todo = sum(r.id not in done for r in rows)
     if done:
         console.print(f"[dim]{len(done)} questions already collected, {todo} to go[/]")
@@ -176,15 +175,15 @@ def collect(opts: CollectOptions, config: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
-def summarize(trajs: Sequence[dict[str, Any]], queries: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def summarize(trajs: Sequence[Trajectory], queries: Sequence[dict[str, Any]]) -> dict[str, Any]:
     n = len(trajs)
-    correct = sum(score_answer(t["prediction"], t["golden_answers"])["em"] == 1.0 for t in trajs)
+    correct = sum(score_answer(t.prediction, t.golden_answers)["em"] == 1.0 for t in trajs)
     return {
-        "questions": len({t["row_id"] for t in trajs}),
+        "questions": len({t.row_id for t in trajs}),
         "trajectories": n,
-        "answered": sum(t["prediction"] is not None for t in trajs),
+        "answered": sum(t.prediction is not None for t in trajs),
         "correct": correct,
-        "searches": sum(t["num_searches"] for t in trajs),
+        "searches": sum(t.num_searches for t in trajs),
         "query_rows": len(queries),
         "query_rows_correct": sum(q["correct"] for q in queries),
     }

@@ -38,6 +38,7 @@ from zsearch_cli.options import EvalOptions
 from zsearch_cli.prompts.baselines import COT_PROMPT, DIRECT_PROMPT, RAG_PROMPT
 from zsearch_cli.protocol import METRIC_VERSION, RESUME_FIELDS, Protocol, build_protocol, differing, file_fingerprint
 from zsearch_cli.rewards import score_answer
+from zsearch_cli.rollout.trajectory import Trajectory
 from zsearch_cli.schemas import (
     EVAL_EXAMPLE,
     EVAL_SUMMARY,
@@ -113,16 +114,17 @@ def dataset_dir(out: Path, key: str) -> Path:
     return path
 
 
-def _example_rows(dataset: str, method: str, trajs: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def _example_rows(dataset: str, method: str, trajs: Sequence[Trajectory]) -> list[dict[str, Any]]:
+    """EVAL_EXAMPLE rows: the answer the engine parsed, scored (the same field training rewards)."""
     rows = []
     for t in trajs:
-        scores = score_answer(t["prediction"], t["golden_answers"])
+        scores = score_answer(t.prediction, t.golden_answers)
         rows.append({
-            "dataset": dataset, "method": method, "id": t["row_id"], "question": t["question"],
-            "golden_answers": t["golden_answers"], "prediction": t["prediction"],
+            "dataset": dataset, "method": method, "id": t.row_id, "question": t.question,
+            "golden_answers": t.golden_answers, "prediction": t.prediction,
             "em": scores["em"], "f1": scores["f1"], "subem": scores["subem"],
-            "searches": t["num_searches"], "turns": t["num_turns"], "tokens": t["response_tokens"],
-            "finish_reason": t["finish_reason"], "trajectory": t["response_text"], "turn_log": t["turns"],
+            "searches": t.num_searches, "turns": t.num_turns, "tokens": t.response_tokens,
+            "finish_reason": t.finish_reason, "trajectory": t.response_text, "turn_log": t.to_row()["turns"],
         })
     return rows
 

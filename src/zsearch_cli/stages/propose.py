@@ -25,8 +25,9 @@ from zsearch_cli.errors import ZsearchError
 from zsearch_cli.options import GenerateOptions
 from zsearch_cli.prompts import format_source_document, render_proposer_prompt
 from zsearch_cli.retrieval.base import Passage
-from zsearch_cli.rewards import em, extract_question_answer, policy_turns, proposer_format_reward, proposer_reward
+from zsearch_cli.rewards import em, extract_question_answer, proposer_format_reward, proposer_reward
 from zsearch_cli.rollout.engine import QARow, RolloutEngine
+from zsearch_cli.rollout.trajectory import Trajectory
 
 HOPS = (1, 2, 3, 4)
 SOURCE_TOKENS = 256
@@ -91,7 +92,7 @@ def _solver_row(question: str, answer: str, key: str) -> QARow:
 
 
 def score_proposals(
-    proposals: Sequence[dict[str, Any]],
+    proposals: Sequence[Trajectory],
     prompts: Sequence[ProposerPrompt],
     solver: RolloutEngine,
     n_solver: int = 5,
@@ -104,18 +105,18 @@ def score_proposals(
     scored: list[dict[str, Any]] = []
     to_solve: list[tuple[int, QARow]] = []
     for i, (traj, prompt) in enumerate(zip(proposals, prompts)):
-        turns = policy_turns(traj)  # the engine's observation spans left out, not a text search
+        turns = traj.policy_texts  # the engine's observation spans left out, not a text search
         question, answer = extract_question_answer(turns)
         fmt = proposer_format_reward(turns, prompt.hops)
         scored.append({"question": question, "answer": answer, "fmt": fmt, "k": 0, "solver_answers": [],
                        "reward": 0.0, "hops": prompt.hops, "source_id": prompt.source.id})
         if fmt["integrity"]:
-            to_solve.append((i, _solver_row(question, answer, traj["id"])))
+            to_solve.append((i, _solver_row(question, answer, traj.id)))
     if to_solve:
         trajs = solver.rollout([row for _, row in to_solve], group_size=n_solver, step=step)
         for j, (i, row) in enumerate(to_solve):
             group = trajs[j * n_solver : (j + 1) * n_solver]
-            preds = [t["prediction"] for t in group]
+            preds = [t.prediction for t in group]
             k = sum(int(p is not None and em(p, row.golden_answers) == 1.0) for p in preds)
             scored[i].update(k=k, solver_answers=[p or "" for p in preds])
     for s in scored:
@@ -142,13 +143,13 @@ def qa_rows(scored: Sequence[dict[str, Any]], prompts: Sequence[ProposerPrompt],
     return rows
 
 
-def best_of(trajs: Sequence[dict[str, Any]], prompts: Sequence[ProposerPrompt], m: int) -> list[dict[str, Any]]:
+def best_of(trajs: Sequence[Trajectory], prompts: Sequence[ProposerPrompt], m: int) -> list[Trajectory]:
     """For each prompt, the sample (of ``m``, row-major) with the highest format score that
     passes the integrity gate, else the first sample; as Dr. Zero's generation code does."""
     best = []
     for i, prompt in enumerate(prompts):
         group = trajs[i * m : (i + 1) * m]
-        formats = [proposer_format_reward(policy_turns(t), prompt.hops) for t in group]
+        formats = [proposer_format_reward(t.policy_texts, prompt.hops) for t in group]
         order = sorted(range(m), key=lambda j: (not formats[j]["integrity"], -formats[j]["total"], j))
         best.append(group[order[0]])
     return best

@@ -10,8 +10,8 @@ Not a second trainer: the one RL loop (:class:`~zsearch_cli.train.trainer.Traine
 - :class:`ProposerReward` is the trainer's batch reward: every question that passes the
   integrity gate is answered n times by the **frozen** solver in one batched rollout
   (:func:`~zsearch_cli.stages.propose.score_proposals`), giving
-  r = I(0<k<n)(n−k)/(n−1) + r_f, and each trajectory gets its hop count, which is what HRPO
-  groups the advantages by.
+  r = I(0<k<n)(n−k)/(n−1) + r_f; it returns each trajectory's hop count as its group key
+  (what HRPO groups the advantages by) and the proposer's columns for the saved rollouts.
 
 Everything else — one question per prompt (G = 1), one on-policy update per batch with no
 ratio clipping and β = 0 (``algos/hrpo.py``), loss-masked tool responses (the engine),
@@ -34,6 +34,8 @@ from typing import Any
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.rewards import difficulty_reward
 from zsearch_cli.rollout.engine import QARow, RolloutEngine
+from zsearch_cli.rollout.trajectory import Trajectory
+from zsearch_cli.train.collect import BatchRewards
 from zsearch_cli.stages.propose import (
     HOPS,
     SOURCE_TOKENS,
@@ -82,17 +84,18 @@ class ProposerData:
 
 
 def proposer_metrics(scored: list[dict[str, Any]], n: int) -> dict[str, float | None]:
-    """One step's proposer log: mean difficulty and format reward over all proposals, mean
-    solver k over the questions that passed the gate, how many passed, hop-count counts."""
+    """One step's proposer log (``proposer/…``): mean difficulty and format reward over all
+    proposals, mean solver k over the questions that passed the gate, how many passed,
+    hop-count counts."""
     passed = [s for s in scored if s["fmt"]["integrity"]]
     total = max(len(scored), 1)
     out: dict[str, float | None] = {
-        "difficulty": sum(difficulty_reward(s["k"], n) for s in passed) / total,
-        "format_reward": sum(float(s["fmt"]["total"]) for s in scored) / total,
-        "solver_k": sum(s["k"] for s in passed) / len(passed) if passed else None,
-        "gate_pass": float(len(passed)),
+        "proposer/difficulty": sum(difficulty_reward(s["k"], n) for s in passed) / total,
+        "proposer/format_reward": sum(float(s["fmt"]["total"]) for s in scored) / total,
+        "proposer/solver_k": sum(s["k"] for s in passed) / len(passed) if passed else None,
+        "proposer/gate_pass": float(len(passed)),
     }
-    out.update({f"hops_{h}": float(sum(s["hops"] == h for s in scored)) for h in HOPS})
+    out.update({f"proposer/hops_{h}": float(sum(s["hops"] == h for s in scored)) for h in HOPS})
     return out
 
 
@@ -108,19 +111,17 @@ class ProposerReward:
         self.n_solver = n_solver
         self.solver = solver
 
-    def __call__(self, trajs: list[dict[str, Any]]) -> dict[str, float | None]:
+    def __call__(self, trajs: list[Trajectory], step: int) -> BatchRewards:
         if self.solver is None:
             raise RuntimeError("ProposerReward: no solver bound")
-        prompts = [self.data.prompt(t["row_id"]) for t in trajs]
-        step = int(trajs[0]["step"]) if trajs else 0
+        prompts = [self.data.prompt(t.row_id) for t in trajs]
         scored = score_proposals(trajs, prompts, self.solver, self.n_solver, step=step)
-        for t, s in zip(trajs, scored):
-            fmt = s["fmt"]
-            t.update(reward=float(s["reward"]), hops=int(s["hops"]), k=int(s["k"]), gate=bool(fmt["integrity"]),
-                     difficulty=difficulty_reward(s["k"], self.n_solver) if fmt["integrity"] else 0.0,
-                     format_reward=float(fmt["total"]), proposed_question=s["question"],
-                     proposed_answer=s["answer"], solver_answers=s["solver_answers"])
-        return proposer_metrics(scored, self.n_solver)
+        columns = [{"hops": int(s["hops"]), "solver_k": int(s["k"]), "gate_pass": bool(s["fmt"]["integrity"]),
+                    "difficulty": difficulty_reward(s["k"], self.n_solver) if s["fmt"]["integrity"] else 0.0,
+                    "format_reward": float(s["fmt"]["total"]), "proposed_question": s["question"],
+                    "proposed_answer": s["answer"], "solver_answers": list(s["solver_answers"])} for s in scored]
+        return BatchRewards(rewards=[float(s["reward"]) for s in scored], group_keys=[int(s["hops"]) for s in scored],
+                            metrics=proposer_metrics(scored, self.n_solver), columns=columns)
 
 
 def solver_backend(solver_model: str, solver_url: str | None, *, backend: str, device: str,

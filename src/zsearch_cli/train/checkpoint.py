@@ -69,6 +69,10 @@ from zsearch_cli.train.integrity import (MANIFEST, _first_line, checkpoint_probl
 
 STATE_FILE = "trainer_state.json"
 RANKS_FILE = "ranks.pt"
+METRICS_FORMAT = 2
+"""The metric rows a checkpoint carries: 2 = steps counted from 1 and ``namespace/name``
+metric names (schemas.METRIC_COLUMNS). Checkpoints without it (format 1: steps from 0, flat
+names) are refused on resume in one line rather than mixing the two in one metrics file."""
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
 
@@ -326,6 +330,7 @@ def _write(trainer: Any, parts: dict[str, Any], completed: int, tmp: Path) -> No
         "config": trainer.cfg.to_dict(),
         "distribution": distribution(acc),
         "num_processes": acc.num_processes,
+        "metrics_format": METRICS_FORMAT,
         "metrics": trainer.metrics.rows,
     }
     (tmp / STATE_FILE).write_text(json.dumps(state, default=str) + "\n")
@@ -359,6 +364,10 @@ def read_state(path: Path) -> dict[str, Any]:
 def check_resumable(path: Path, acc: Any) -> None:
     """One-line refusal of a resume this launch cannot continue (see the module docstring)."""
     state = read_state(path)
+    if state.get("metrics_format", 1) != METRICS_FORMAT:
+        raise ZsearchError(f"--resume: {path} was written by an older zsearch (its metrics count steps from 0 "
+                           "under other names): finish that run with the zsearch that started it, or start a new "
+                           f"--out from its weights (--model {path})")
     saved, now = state.get("distribution", "replicated"), distribution(acc)
     if saved != now:
         raise ZsearchError(f"--resume: {path} was written under {saved}, this launch is {now}: their optimizer "

@@ -24,10 +24,6 @@ from zsearch_cli.presets import apply_preset
 REWARDS = ("em", "f1", "subem")
 SCHEDULES = ("constant", "cosine")
 REPORT_TO = ("none", "tensorboard", "wandb")
-TRAIN_ALGOS_EXCLUDED = {"hrpo": "hrpo trains the Dr. Zero proposer, whose reward needs the frozen solver: "
-                               "use `zsearch propose` (or the `zsearch drzero` loop)"}
-"""Algorithms whose reward a plain ``zsearch train`` cannot compute; only a stage that supplies
-it (``Trainer(batch_reward_fn=...)``, i.e. ``staged=True`` below) may run them."""
 
 
 def parse_algo_args(items: list[str] | None) -> dict[str, Any]:
@@ -128,26 +124,23 @@ def _algos() -> dict[str, Any]:
     return ALGOS
 
 
-def get_spec(name: str, staged: bool = False) -> Any:
-    """The AlgoSpec for ``--algo``; unknown names list the valid ones. ``staged``: the caller
-    supplies the stage reward an excluded algorithm needs (hrpo under `zsearch propose`)."""
+def get_spec(name: str) -> Any:
+    """The AlgoSpec for ``--algo``; unknown names list the valid ones."""
     from zsearch_cli.algos import ALGOS
 
-    if name in TRAIN_ALGOS_EXCLUDED and not staged:
-        raise ZsearchError(f"--algo {name}: {TRAIN_ALGOS_EXCLUDED[name]}")
     if name not in ALGOS:
-        valid = ", ".join(k for k in ALGOS if k not in TRAIN_ALGOS_EXCLUDED)
+        valid = ", ".join(ALGOS)
         raise ZsearchError(f"unknown --algo {name!r}: use one of {valid}")
     return ALGOS[name]
 
 
-def algo_config(cfg: TrainConfig, staged: bool = False) -> Any:
+def algo_config(cfg: TrainConfig) -> Any:
     """The algorithm's frozen config: paper defaults, then whatever ``cfg`` sets.
 
     ``target_groups`` (DSPO's B) is the batch size; ``reward`` (DSPO's filter metric) is the
     run's reward. Unknown ``algo_args`` keys are an error naming the valid ones.
     """
-    spec = get_spec(cfg.algo, staged)
+    spec = get_spec(cfg.algo)
     fields = {f.name: f for f in dataclasses.fields(spec.config_cls)}
     values: dict[str, Any] = {}
     for key in ("critic_lr", "beta", "max_gen_batches"):
@@ -173,16 +166,16 @@ RESOLVED_FIELDS = ("critic_lr", "beta", "clip_eps_low", "clip_eps_high", "max_ge
 """TrainConfig fields whose ``None`` means "the algorithm's paper default"."""
 
 
-def resolve_config(cfg: TrainConfig, staged: bool = False) -> TrainConfig:
+def resolve_config(cfg: TrainConfig) -> TrainConfig:
     """``cfg`` with every "paper default" (``None``) replaced by the value the run uses:
     the reward metric from the algorithm, and β, the clip range, PPO's critic lr and DSPO's
     budget from its loss config (lr and G are the trainer's own, never None). What is logged
     and checkpointed is this, so a metrics file never says ``beta: null``. Idempotent; a
     field the algorithm lacks (PPO's critic lr
     under GRPO, clipping under HRPO) stays None."""
-    spec = get_spec(cfg.algo, staged)
+    spec = get_spec(cfg.algo)
     with_reward = dataclasses.replace(cfg, reward=cfg.reward or spec.reward)
-    acfg = algo_config(with_reward, staged)
+    acfg = algo_config(with_reward)
     values = {key: getattr(acfg, key, None) for key in RESOLVED_FIELDS}
     low, high = values["clip_eps_low"], values["clip_eps_high"]
     return dataclasses.replace(with_reward, **values, clip_eps=low if low is not None and low == high else None)
@@ -211,12 +204,11 @@ def check_even_shards(batch_size: int, num_processes: int) -> None:
                            f"(unequal shares would change the update): use a multiple of {num_processes}")
 
 
-def check_config(cfg: TrainConfig, staged: bool = False) -> Any:
-    """Validate ``cfg`` and return its algorithm config; every problem is one line.
-    ``staged`` as in :func:`get_spec`."""
-    spec = get_spec(cfg.algo, staged)
-    cfg = resolve_config(cfg, staged)
-    acfg = algo_config(cfg, staged)
+def check_config(cfg: TrainConfig) -> Any:
+    """Validate ``cfg`` and return its algorithm config; every problem is one line."""
+    spec = get_spec(cfg.algo)
+    cfg = resolve_config(cfg)
+    acfg = algo_config(cfg)
 
     def need(ok: bool, msg: str) -> None:
         if not ok:

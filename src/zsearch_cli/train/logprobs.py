@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -40,11 +40,20 @@ def pad_rows(rows: Sequence[Tensor], width: int, value: float = 0.0, dtype: torc
     return out
 
 
-def collate(trajs: Sequence[dict[str, Any]], pad_id: int, device: torch.device | str) -> Batch:
+class TokenSequence(Protocol):
+    """What :func:`collate` reads: a :class:`~zsearch_cli.rollout.trajectory.Trajectory`, or
+    any record with the same three token fields."""
+
+    prompt_ids: Sequence[int]
+    response_ids: Sequence[int]
+    loss_mask: Sequence[int]
+
+
+def collate(trajs: Sequence[TokenSequence], pad_id: int, device: torch.device | str) -> Batch:
     """Right-pad ``prompt_ids + response_ids`` of each trajectory (one forward per batch)."""
-    seqs = [list(t["prompt_ids"]) + list(t["response_ids"]) for t in trajs]
+    seqs = [list(t.prompt_ids) + list(t.response_ids) for t in trajs]
     width = max(len(s) for s in seqs)
-    t_max = max(1, max(len(t["response_ids"]) for t in trajs))
+    t_max = max(1, max(len(t.response_ids) for t in trajs))
     b = len(trajs)
     input_ids = torch.full((b, width), pad_id, dtype=torch.long)
     attention = torch.zeros((b, width), dtype=torch.long)
@@ -52,13 +61,13 @@ def collate(trajs: Sequence[dict[str, Any]], pad_id: int, device: torch.device |
     targets = torch.full((b, t_max), pad_id, dtype=torch.long)
     mask = torch.zeros((b, t_max), dtype=torch.bool)
     for i, (t, seq) in enumerate(zip(trajs, seqs)):
-        p, r = len(t["prompt_ids"]), len(t["response_ids"])
+        p, r = len(t.prompt_ids), len(t.response_ids)
         input_ids[i, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
         attention[i, : len(seq)] = 1
         resp_pos[i, :r] = torch.arange(p - 1, p - 1 + r)
-        targets[i, :r] = torch.as_tensor(t["response_ids"], dtype=torch.long)
-        mask[i, :r] = torch.as_tensor(t["loss_mask"], dtype=torch.bool)
-    keep_from = max(0, min(len(t["prompt_ids"]) for t in trajs) - 1)
+        targets[i, :r] = torch.as_tensor(list(t.response_ids), dtype=torch.long)
+        mask[i, :r] = torch.as_tensor(list(t.loss_mask), dtype=torch.bool)
+    keep_from = max(0, min(len(t.prompt_ids) for t in trajs) - 1)
     return Batch(input_ids.to(device), attention.to(device), resp_pos.to(device), targets.to(device), mask.to(device),
                  keep_from)
 
@@ -104,8 +113,3 @@ def critic_forward(critic: Any, batch: Batch) -> Tensor:
     values = critic(batch.input_ids, batch.attention_mask)  # [B, L]
     rows = torch.arange(batch.size, device=values.device)[:, None]
     return values[rows, batch.resp_pos]
-
-
-def split_rows(x: Tensor, lengths: Sequence[int]) -> list[Tensor]:
-    """[B, T] -> per-row 1-D tensors of the true lengths (detached, on CPU-agnostic device)."""
-    return [x[i, :n].detach() for i, n in enumerate(lengths)]

@@ -9,15 +9,19 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.protocol import Protocol, training_protocol
 from zsearch_cli.schemas import METRIC_COLUMNS, METRICS, read_artifact, write_artifact
 
-PLOTTED = ("reward_mean", "em", "f1", "kl", "entropy", "clipfrac", "grad_norm", "lr", "response_length",
-           "searches", "kept_frac", "logp_mismatch", "vf_loss", "noise_p", "val_em", "val_f1", "time_step", "difficulty",
-           "format_reward", "solver_k", "gate_pass")
+if TYPE_CHECKING:  # `zsearch plot` reads metrics without importing torch
+    from zsearch_cli.train.collect import Collected
+
+PLOTTED = ("rollout/reward_mean", "rollout/em", "rollout/f1", "actor/kl_ref", "actor/entropy", "actor/clipfrac",
+           "actor/grad_norm", "actor/lr", "rollout/response_length", "rollout/searches", "filter/kept_frac",
+           "rollout/logp_mismatch", "critic/vf_loss", "search/noise_p", "val/em", "val/f1", "time/step",
+           "proposer/difficulty", "proposer/format_reward", "proposer/solver_k", "proposer/gate_pass")
 """Curves ``zsearch plot`` draws, when the run logged them."""
 
 
@@ -25,41 +29,70 @@ def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def step_metrics(step: int, collected: Any, update: dict[str, float] | None, extra: dict[str, Any]) -> dict[str, Any]:
-    """One METRICS row from what the step collected, the update's stats and ``extra``
-    (lr, timings, noise_p, logp_mismatch). Missing values are None."""
-    trajs = collected.trajs
-    rewards = [t["reward"] for t in trajs]
+def step_metrics(step: int, collected: Collected, update: dict[str, float] | None,
+                 extra: dict[str, Any]) -> dict[str, Any]:
+    """One METRICS row from what the step collected, the update's statistics (already named
+    ``actor/…`` and ``critic/…``) and ``extra`` (lr, timings, search and batch-reward
+    metrics, validation). Missing values are None; a name that is not a METRICS column is
+    an error, never silently dropped."""
+    samples = collected.samples
+    trajs = [s.trajectory for s in samples]
+    rewards = [s.reward for s in samples]
     mean = _mean(rewards) or 0.0
     std = math.sqrt(sum((r - mean) ** 2 for r in rewards) / len(rewards)) if rewards else None
     row: dict[str, Any] = {"step": step, **{c: None for c in METRIC_COLUMNS}}
-    row.update(
-        reward_mean=mean,
-        reward_std=std,
-        em=_mean([t["em"] for t in trajs]),
-        f1=_mean([t["f1"] for t in trajs]),
-        subem=_mean([t["subem"] for t in trajs]),
-        response_length=_mean([t["response_tokens"] for t in trajs]),
-        policy_tokens=_mean([t["policy_tokens"] for t in trajs]),
-        turns=_mean([t["num_turns"] for t in trajs]),
-        searches=_mean([t["num_searches"] for t in trajs]),
-        invalid=_mean([t["num_invalid"] for t in trajs]),
-        answered=_mean([float(t["prediction"] is not None) for t in trajs]),
-        samples=float(len(collected.train)),
-        gen_batches=float(collected.gen_batches),
-        time_rollout=collected.time_rollout,
-        time_reward=collected.time_reward,
-    )
+    values: dict[str, Any] = {
+        "rollout/reward_mean": mean,
+        "rollout/reward_std": std,
+        "rollout/em": _mean([s.em for s in samples]),
+        "rollout/f1": _mean([s.f1 for s in samples]),
+        "rollout/subem": _mean([s.subem for s in samples]),
+        "rollout/response_length": _mean([t.response_tokens for t in trajs]),
+        "rollout/policy_tokens": _mean([t.policy_tokens for t in trajs]),
+        "rollout/turns": _mean([t.num_turns for t in trajs]),
+        "rollout/searches": _mean([t.num_searches for t in trajs]),
+        "rollout/invalid": _mean([t.num_invalid for t in trajs]),
+        "rollout/answered": _mean([float(t.prediction is not None) for t in trajs]),
+        "actor/samples": float(len(collected.train)),
+        "filter/gen_batches": float(collected.gen_batches),
+        "time/rollout": collected.time_rollout,
+        "time/reward": collected.time_reward,
+    }
     if collected.kept_groups is not None:
-        row.update(kept_groups=float(collected.kept_groups), tokens_wasted=collected.tokens_wasted,
-                   kept_frac=collected.kept_groups / max(collected.total_groups, 1))
-    if update:
-        row.update(kl=update.get("kl_ref"), entropy=update.get("entropy"), clipfrac=update.get("clipfrac"),
-                   approx_kl=update.get("approx_kl"), pg_loss=update.get("pg_loss"), loss=update.get("loss"),
-                   grad_norm=update.get("grad_norm"), vf_loss=update.get("vf_loss"),
-                   vf_clipfrac=update.get("vf_clipfrac"), critic_grad_norm=update.get("critic_grad_norm"))
-    row.update({k: v for k, v in extra.items() if k in row})
+        values.update({"filter/kept_groups": float(collected.kept_groups), "filter/tokens_wasted": collected.tokens_wasted,
+                       "filter/kept_frac": collected.kept_groups / max(collected.total_groups, 1)})
+    values.update(update or {})
+    values.update(extra)
+    unknown = sorted(set(values) - set(row))
+    if unknown:
+        raise ValueError(f"metrics {', '.join(unknown)} are not METRICS columns: add them to schemas.METRIC_COLUMNS")
+    row.update(values)
     return row
+
+
+def console_line(row: dict[str, Any], total_steps: int) -> str:
+    """The one line ``zsearch train`` prints per step. Namespaces the trainer does not own
+    (``search/…`` from the backend, ``proposer/…`` from a batch reward, ``val/…``) are
+    printed as they come, so the trainer needs to know nothing of what fills them."""
+
+    def f(key: str, fmt: str = ".3f") -> str:
+        v = row.get(key)
+        return "-" if v is None else format(v, fmt)
+
+    def namespace(ns: str) -> str:
+        return "".join(f" {k.split('/', 1)[1]} {f(k, '.3g')}" for k, v in row.items()
+                       if k.startswith(ns + "/") and v is not None)
+
+    extra = ""
+    if row.get("filter/kept_frac") is not None:
+        extra = f" kept {f('filter/kept_frac', '.2f')} gen {f('filter/gen_batches', '.0f')}"
+    extra += namespace("search") + namespace("proposer")
+    if row.get("val/em") is not None:
+        extra += f" | val{namespace('val')}"
+    return (f"step {row['step']}/{total_steps} reward {f('rollout/reward_mean')} em {f('rollout/em')} "
+            f"kl {f('actor/kl_ref', '.4f')} ent {f('actor/entropy')} gnorm {f('actor/grad_norm')} "
+            f"lr {f('actor/lr', '.2e')} len {f('rollout/response_length', '.0f')}{extra} | {f('time/step', '.1f')}s "
+            f"(rollout {f('time/rollout', '.1f')} reward {f('time/reward', '.2f')} update {f('time/update', '.1f')})")
 
 
 class MetricsLog:

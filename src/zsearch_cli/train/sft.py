@@ -39,7 +39,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.protocol import differing
-from zsearch_cli.train.checkpoint import (STATE_FILE, atomic_dir, check_sharded_saving, checkpoints,
+from zsearch_cli.train.checkpoint import (METRICS_FORMAT, STATE_FILE, atomic_dir, check_sharded_saving, checkpoints,
                                           full_model_state, full_optimizer_state, latest_checkpoint,
                                           load_optimizer_state, load_pickle, read_state, rng_state,
                                           set_rng_state)
@@ -149,7 +149,11 @@ class SFTTrainer:
         if not cfg.resume:
             raise ZsearchError(f"{cfg.out} already holds checkpoints (latest {latest.name}): "
                                "pass --resume to continue that run, or choose another --out")
-        changed = differing(read_state(latest)["config"], cfg.to_dict(), RESUME_MAY_CHANGE)
+        state = read_state(latest)
+        if state.get("metrics_format", 1) != METRICS_FORMAT:  # its rows count steps from 0
+            raise ZsearchError(f"--resume: {latest} was written by an older zsearch (its metrics count steps from 0): "
+                               f"finish that run with the zsearch that started it, or start a new --out")
+        changed = differing(state["config"], cfg.to_dict(), RESUME_MAY_CHANGE)
         if changed:
             raise ZsearchError(f"--resume: options differ from the run in {cfg.out} ({', '.join(changed)}); "
                                "pass the same options or choose another --out")
@@ -186,7 +190,9 @@ class SFTTrainer:
         return token_nll(out.logits, batch["labels"].to(dev))
 
     def train_step(self, step: int) -> dict[str, Any]:
-        """One optimizer step over this process's share of the step's examples."""
+        """One optimizer step over this process's share of the step's examples. ``step`` is the
+        0-based index the data order and the schedule use; the metrics row says ``step + 1``,
+        as the console and ``checkpoints/step-N`` count."""
         cfg, acc = self.cfg, self.accelerator
         t0 = time.perf_counter()
         per = cfg.batch_size * cfg.grad_accum
@@ -213,7 +219,7 @@ class SFTTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         lr = self.scheduler.get_last_lr()[0]  # the lr this step used
         self.scheduler.step()
-        return {"step": step, "loss": self._sum(nll_total) / max(n_global, 1.0), "eval_loss": None, "lr": lr,
+        return {"step": step + 1, "loss": self._sum(nll_total) / max(n_global, 1.0), "eval_loss": None, "lr": lr,
                 "grad_norm": grad_norm, "tokens": n_global, "epoch": self.order.epoch(step),
                 "time_step": time.perf_counter() - t0}
 
@@ -251,7 +257,7 @@ class SFTTrainer:
             json_rng, torch_rng = rng_state()
             torch.save(torch_rng, tmp / "rng.pt")
             state = {"trainer": "sft", "step": completed, "total_steps": self.total_steps, "rng": json_rng,
-                     "config": cfg.to_dict(), "metrics": self.metrics.rows}
+                     "config": cfg.to_dict(), "metrics_format": METRICS_FORMAT, "metrics": self.metrics.rows}
             (tmp / STATE_FILE).write_text(json.dumps(state, default=str) + "\n")
 
         root = Path(cfg.out) / "checkpoints"

@@ -1,9 +1,11 @@
 """The one RL loop every ``--algo`` runs (cleanrl/TRL style: ``TrainConfig`` + ``Trainer``).
 
-Each step: ``search.set_progress(step, T)`` → rollout (G samples per prompt through the
-shared engine) → reward → (DSPO) filter → old/ref logprobs and values under no_grad →
-advantages (``AlgoSpec``) → K epochs of mini-batches → lr schedule step → metrics, and
-every ``save_every`` steps an exact-resume checkpoint. The algorithm itself lives in
+Each step (counted from 1): ``search.progress(steps done, T)`` → rollout (G samples per
+prompt through the shared engine, typed ``Trajectory`` records) → reward → (DSPO) filter →
+one padded ``StepBatch`` → old/ref logprobs and values under no_grad → advantages
+(``AlgoSpec``, grouped by each sample's group key) → K epochs of mini-batches → lr schedule
+step → metrics (``rollout/…``, ``actor/…``, …), and every ``save_every`` steps an
+exact-resume checkpoint. The algorithm itself lives in
 ``algos/`` (pure maths); this file only moves tensors between the pieces.
 
 Scale: the model, optimizer, backward, clipping and no_sync go through
@@ -25,20 +27,23 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from zsearch_cli.algos import AlgoConfig, AlgoSpec
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.models.base import logp_tolerance
 from zsearch_cli.protocol import differing
+from zsearch_cli.search.base import SearchBackend
 from zsearch_cli.train.checkpoint import (atomic_dir, check_resumable, check_sharded_saving, distribution,
                                           full_model_state, latest_checkpoint, load_training_state, read_state,
                                           save_checkpoint)
-from zsearch_cli.train.collect import BatchRewardFn, RewardFn, collect
+from zsearch_cli.train.collect import BatchRewardFn, RewardFn, Sample, collect
 from zsearch_cli.train.config import TrainConfig, check_config, check_even_shards, get_spec, resolve_config, resolved_dict, search_options
 from zsearch_cli.train.data import TrainData, load_rows
-from zsearch_cli.train.metrics import MetricsLog, step_metrics
+from zsearch_cli.train.metrics import MetricsLog, console_line, step_metrics
 from zsearch_cli.train.models import (generation_copy, load_critic, load_policy, load_reference,
                                       merged_weights, save_policy, sync_generation_copy, unsharded_loading)
 from zsearch_cli.train.optim import make_optimizer
-from zsearch_cli.train.update import StepModels, advantages, optimize, rollout_tensors
+from zsearch_cli.train.update import (StepModels, advantages, optimize, rollout_tensors, sample_advantages,
+                                      step_batch)
 from zsearch_cli.train.validation import Validator
 
 RESUME_MAY_CHANGE = {"steps", "save_every", "keep_checkpoints", "resume", "report_to", "save_rollouts", "out",
@@ -58,15 +63,19 @@ class Trainer:
     Stages that generate their own prompts and score whole batches (``zsearch propose``:
     HRPO on the Dr. Zero proposer) pass ``data`` — anything with ``next_batch()``,
     ``batch_size``, ``state()`` and ``load_state()``, checkpointed like the QA cursor — and
-    ``batch_reward_fn`` (see :data:`~zsearch_cli.train.collect.BatchRewardFn`). Only with a
-    batch reward may ``cfg.algo`` be one that plain ``zsearch train`` refuses (hrpo)."""
+    ``batch_reward_fn`` (see :data:`~zsearch_cli.train.collect.BatchRewardFn`), which also
+    supplies the group keys of an algorithm whose groups are not prompts
+    (``AlgoSpec.batch_reward``)."""
 
-    def __init__(self, cfg: TrainConfig, *, search: Any = None, reward_fn: RewardFn | None = None,
+    def __init__(self, cfg: TrainConfig, *, search: SearchBackend | None = None, reward_fn: RewardFn | None = None,
                  console: Console | None = None, data: Any = None, batch_reward_fn: BatchRewardFn | None = None):
-        self.acfg = check_config(cfg, staged=batch_reward_fn is not None)
+        self.acfg: AlgoConfig = check_config(cfg)
         # From here on every "paper default" is the value in use: logged, checkpointed, compared on resume.
-        self.cfg = cfg = resolve_config(cfg, staged=batch_reward_fn is not None)
-        self.spec = get_spec(cfg.algo, staged=batch_reward_fn is not None)
+        self.cfg: TrainConfig = resolve_config(cfg)
+        cfg = self.cfg
+        self.spec: AlgoSpec = get_spec(cfg.algo)
+        if self.spec.batch_reward is not None and batch_reward_fn is None:
+            raise ZsearchError(f"--algo {cfg.algo}: {self.spec.batch_reward}")
         self.reward_fn = reward_fn
         self.batch_reward_fn = batch_reward_fn
         self.console = console or Console(stderr=True)
@@ -97,7 +106,7 @@ class Trainer:
 
             # --noise-* and the seed, for the simulator (search_options checked them already)
             search = make_search_backend(cfg.search, index_dir=cfg.index or Path("runs/index"), **search_options(cfg))
-        self.search = search
+        self.search: SearchBackend = search
         self.generation, self.uses_vllm = self._generation_backend(resume_dir)
         from zsearch_cli.rollout.build import build_engine
 
@@ -271,7 +280,7 @@ class Trainer:
 
         Skipped with top_p < 1: the sampler's logprobs are then renormalised over the
         nucleus and the training forward's are not, a gap of log(nucleus mass) by design."""
-        mismatch = row.get("logp_mismatch")
+        mismatch = row.get("rollout/logp_mismatch")
         dtype = (self.generation.dtype if self.uses_vllm
                  else next(self.accelerator.unwrap_model(self.policy).parameters()).dtype)
         tol = logp_tolerance(dtype)
@@ -289,11 +298,12 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
 
     def train_step(self, step: int) -> dict[str, Any]:
-        """One step; returns its metrics row (already logged)."""
+        """Step ``step`` (1-based: the first step is 1, as in the console, the metrics, the
+        rollouts and ``checkpoints/step-N``); returns its metrics row (already logged)."""
         cfg = self.cfg
         t0 = time.perf_counter()
-        if hasattr(self.search, "set_progress"):
-            self.search.set_progress(step, cfg.steps)  # the simulator's noise curriculum reads it
+        done = step - 1  # steps before this one: what the curriculum and the seeds count
+        self.search.progress(done, cfg.steps)  # the simulator's noise curriculum reads it
         acc = self.accelerator
         collected = collect(self.engine, self.data, self.spec, self.acfg, step, group_size=cfg.group_size,
                             metric=cfg.reward,
@@ -308,12 +318,12 @@ class Trainer:
         train = collected.train
         if train:
             self.policy.train()
-            rt = rollout_tensors(self.models, train, cfg)
-            rt = advantages(self.spec, self.acfg, train, rt, self.accelerator)
-            for t, a in zip(train, rt["adv"]):
-                t["advantage"] = float(a.float().mean()) if a.numel() else 0.0
-            update = optimize(self.models, self.spec, self.acfg, cfg, train, rt, step)
-            mismatch = rt["logp_mismatch"]
+            batch = rollout_tensors(self.models, step_batch(train, self.models.pad_id), cfg)
+            batch = advantages(self.spec, self.acfg, batch, self.accelerator)
+            for sample, a in zip(train, sample_advantages(batch)):
+                sample.advantage = a
+            update = optimize(self.models, self.spec, self.acfg, cfg, batch, done)
+            mismatch = batch.logp_mismatch
             t_sync = time.perf_counter()
             self._sync_generation()
             sync_time = time.perf_counter() - t_sync if self.uses_vllm else None
@@ -325,17 +335,15 @@ class Trainer:
             if self.critic_scheduler is not None:
                 self.critic_scheduler.step()
         now = time.perf_counter()
-        noise_p = getattr(self.search, "noise_p", None)
-        noise_p = noise_p() if callable(noise_p) else noise_p
-        extra = {"lr": lr, "critic_lr": critic_lr, "logp_mismatch": mismatch, "time_update": now - t1,
-                 "time_step": now - t0, "time_sync": sync_time,
-                 "sync_mismatch": self.sync_mismatch if self.uses_vllm and train else None, "noise_p": None if noise_p is None else float(noise_p),
-                 **collected.reward_metrics}
+        extra = {"actor/lr": lr, "critic/lr": critic_lr, "rollout/logp_mismatch": mismatch,
+                 "rollout/sync_mismatch": self.sync_mismatch if self.uses_vllm and train else None,
+                 "time/update": now - t1, "time/step": now - t0, "time/sync": sync_time,
+                 **{f"search/{k}": v for k, v in self.search.metrics().items()}, **collected.reward_metrics}
         if self.validator is not None and self.validator.due(step):
-            extra.update(self.validator.run(step))  # val_em/val_f1/val_subem of the updated policy
+            extra.update(self.validator.run(step))  # val/em, val/f1, val/subem of the updated policy
         row = self._reduce(step_metrics(step, collected, update, extra))
         if cfg.save_rollouts:
-            self._save_rollouts(step, collected.trajs)
+            self._save_rollouts(step, collected.samples)
         self.metrics.log(row)
         self._check_logp_mismatch(row)
         return row
@@ -350,32 +358,13 @@ class Trainer:
                 row[k] = float(acc.reduce(torch.tensor(v, device=acc.device), "mean"))
         return row
 
-    def _save_rollouts(self, step: int, trajs: list[dict[str, Any]]) -> None:
+    def _save_rollouts(self, step: int, samples: list[Sample]) -> None:
         from zsearch_cli.schemas import ROLLOUT, write_artifact
 
-        rows = [{**t, "advantage": t.get("advantage") if t["kept"] else None} for t in trajs]
+        rows = [s.to_row() for s in samples]
         suffix = f".rank{self.accelerator.process_index}" if self.accelerator.num_processes > 1 else ""
         write_artifact(rows, Path(self.cfg.out) / "rollouts" / f"step-{step:06d}{suffix}.parquet", ROLLOUT,
                        self.cfg.to_dict())
-
-    def _line(self, row: dict[str, Any]) -> str:
-        def f(key: str, fmt: str = ".3f") -> str:
-            v = row.get(key)
-            return "-" if v is None else format(v, fmt)
-
-        kept = f" kept {f('kept_frac', '.2f')} gen {f('gen_batches', '.0f')}" if row.get("kept_frac") is not None else ""
-        if row.get("difficulty") is not None:  # a proposer run (HRPO): what the solver made of its questions
-            hops = "/".join(f(f"hops_{h}", ".0f") for h in (1, 2, 3, 4))
-            kept += (f" diff {f('difficulty')} fmt {f('format_reward')} k {f('solver_k', '.2f')} "
-                     f"gate {f('gate_pass', '.0f')} hops {hops}")
-        if row.get("noise_p") is not None:  # ZeroSearch: the simulator's p(t) this step
-            kept += f" noise_p {f('noise_p')}"
-        if row.get("val_em") is not None:
-            kept += f" | val em {f('val_em')} f1 {f('val_f1')} subem {f('val_subem')}"
-        return (f"step {row['step'] + 1}/{self.cfg.steps} reward {f('reward_mean')} em {f('em')} "
-                f"kl {f('kl', '.4f')} ent {f('entropy')} gnorm {f('grad_norm')} lr {f('lr', '.2e')} "
-                f"len {f('response_length', '.0f')}{kept} | {f('time_step', '.1f')}s "
-                f"(rollout {f('time_rollout', '.1f')} reward {f('time_reward', '.2f')} update {f('time_update', '.1f')})")
 
     def checkpoint(self, completed: int) -> Path:
         """Save OUT/checkpoints/step-``completed`` and the Parquet metrics. Every process calls
@@ -406,13 +395,13 @@ class Trainer:
         show = self.accelerator.is_main_process
         with Progress(*columns, console=self.console, disable=not show) as bar:
             task = bar.add_task("train", total=cfg.steps, completed=self.start_step, algo=cfg.algo, reward="-", sps="-")
-            for step in range(self.start_step, cfg.steps):
+            for step in range(self.start_step + 1, cfg.steps + 1):  # 1-based; start_step steps are done
                 row = self.train_step(step)
-                bar.update(task, advance=1, reward=f"{row['reward_mean']:.3f}", sps=f"{row['time_step']:.1f}")
+                bar.update(task, advance=1, reward=f"{row['rollout/reward_mean']:.3f}", sps=f"{row['time/step']:.1f}")
                 if show:
-                    bar.console.print(self._line(row), highlight=False, soft_wrap=True)
-                if cfg.save_every and (step + 1) % cfg.save_every == 0:
-                    self.checkpoint(step + 1)
+                    bar.console.print(console_line(row, cfg.steps), highlight=False, soft_wrap=True)
+                if cfg.save_every and step % cfg.save_every == 0:
+                    self.checkpoint(step)
         final = self.save_final()
         if show:
             self.metrics.write_parquet()

@@ -1,5 +1,12 @@
-"""One training step's update: old/ref logprobs and values → advantages → K epochs of
-mini-batches with gradient accumulation → optimizer steps (``algos/``; docs/methods.md §4).
+"""One training step's update: one padded batch → old/ref logprobs and values → advantages →
+K epochs of mini-batches with gradient accumulation → optimizer steps (``algos/``;
+docs/methods.md §4).
+
+The step's samples become one right-padded :class:`StepBatch` (``[N, L]`` inputs, ``[N, T]``
+response frame) once; every forward reads an index slice of it cut to that slice's own
+widths (so a micro-batch runs exactly the tensors it would if padded alone), and every
+per-token result (old/ref logprobs, values, PPO's advantages and returns) is written back
+into an ``[N, T]`` tensor, zero beyond each response.
 
 Why old_logp is recomputed rather than taken from the sampler: HF/vLLM sampling numerics
 differ from the training forward, so the ratio must compare two training forwards; the
@@ -13,15 +20,20 @@ token-averaged ones (PPO's policy and value losses) by its share of policy token
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
-from zsearch_cli.errors import ZsearchError
-from zsearch_cli.train.logprobs import collate, critic_forward, pad_rows, policy_forward, split_rows
+from zsearch_cli.algos import AlgoConfig, AlgoSpec
+from zsearch_cli.train.logprobs import Batch, collate, critic_forward, pad_rows, policy_forward
 from zsearch_cli.train.models import reference_mode
+
+if TYPE_CHECKING:
+    from zsearch_cli.train.collect import Sample
+    from zsearch_cli.train.config import TrainConfig
 
 
 @dataclass
@@ -38,110 +50,182 @@ class StepModels:
     device: Any
 
 
+@dataclass
+class StepBatch:
+    """The samples one step trains on, as padded tensors (N samples, L = longest prompt +
+    response, T = longest response). Built by :func:`step_batch`; :func:`rollout_tensors`
+    and :func:`advantages` fill the rest."""
+
+    tokens: Batch
+    """input_ids/attention_mask [N, L], resp_pos/targets/mask [N, T], on the CPU."""
+    prompt_lengths: Tensor  # [N] long
+    response_lengths: Tensor  # [N] long
+    sampler_logp: Tensor  # [N, T] float32: the sampler's logprobs (0 on observations and padding)
+    rewards: Tensor  # [N] float32
+    group_keys: list[Hashable]
+    """What the advantage baseline groups by (a prompt's group id, or a batch reward's key)."""
+    old_logp: Tensor | None = None  # [N, T] float32, the policy before the update
+    ref_logp: Tensor | None = None  # [N, T] float32, the frozen reference (β > 0)
+    values: Tensor | None = None  # [N, T] float32, the critic (PPO)
+    advantages: Tensor | None = None  # [N] (sequence algos) or [N, T] (PPO)
+    returns: Tensor | None = None  # [N, T] (PPO)
+    logp_mismatch: float | None = None
+    """Mean |sampler − recomputed| logprob over the policy tokens."""
+
+    @property
+    def size(self) -> int:
+        return int(self.prompt_lengths.numel())
+
+    @property
+    def policy_tokens(self) -> list[int]:
+        """Policy-sampled tokens per sample."""
+        return self.tokens.mask.sum(dim=1).tolist()
+
+    def width(self, idx: Sequence[int]) -> int:
+        """T of a micro-batch: its longest response (at least 1, as :func:`collate`)."""
+        return max(1, int(self.response_lengths[list(idx)].max()))
+
+    def forward_batch(self, idx: Sequence[int], device: Any) -> Batch:
+        """Rows ``idx`` cut to their own widths, on ``device``: the tensors :func:`collate`
+        gives for those samples alone."""
+        rows = torch.as_tensor(list(idx), dtype=torch.long)
+        t = self.width(idx)
+        length = int((self.prompt_lengths[rows] + self.response_lengths[rows]).max())
+        b = self.tokens
+        return Batch(b.input_ids[rows, :length].to(device), b.attention_mask[rows, :length].to(device),
+                     b.resp_pos[rows, :t].to(device), b.targets[rows, :t].to(device), b.mask[rows, :t].to(device),
+                     keep_from=max(0, int(self.prompt_lengths[rows].min()) - 1))
+
+    def rows(self, x: Tensor, idx: Sequence[int]) -> Tensor:
+        """Rows ``idx`` of an [N, T] tensor cut to the micro-batch width: [b, t]."""
+        return x[torch.as_tensor(list(idx), dtype=torch.long, device=x.device), : self.width(idx)]
+
+    def within(self, idx: Sequence[int], device: Any) -> Tensor:
+        """[b, t] bool: position t is inside sample i's response (padding beyond it)."""
+        t = self.width(idx)
+        lengths = self.response_lengths[list(idx)].to(device)
+        return torch.arange(t, device=device)[None, :] < lengths[:, None]
+
+
 def _chunks(idx: list[int], size: int) -> list[list[int]]:
     return [idx[i : i + size] for i in range(0, len(idx), size)]
 
 
+def step_batch(samples: Sequence[Sample], pad_id: int) -> StepBatch:
+    """Pad the samples' ids, masks and sampler logprobs once (CPU); rewards and group keys."""
+    trajs = [s.trajectory for s in samples]
+    tokens = collate(trajs, pad_id, "cpu")
+    width = tokens.mask.shape[1]
+    sampler = pad_rows([torch.as_tensor(t.logprobs, dtype=torch.float32) for t in trajs], width)
+    return StepBatch(
+        tokens=tokens,
+        prompt_lengths=torch.tensor([len(t.prompt_ids) for t in trajs], dtype=torch.long),
+        response_lengths=torch.tensor([len(t.response_ids) for t in trajs], dtype=torch.long),
+        sampler_logp=sampler,
+        rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32),
+        group_keys=[s.group_key for s in samples],
+    )
+
+
 @torch.no_grad()
-def rollout_tensors(m: StepModels, trajs: list[dict[str, Any]], cfg: Any) -> dict[str, Any]:
-    """Per-sample 1-D tensors over each response: ``old_logp`` (current policy, before the
-    update), ``ref_logp`` (if there is a reference), ``values`` (if there is a critic), and
-    the mean |sampler − recomputed| logprob over policy tokens (``logp_mismatch``)."""
-    out: dict[str, Any] = {"old_logp": [], "ref_logp": [] if m.reference is not None else None,
-                           "values": [] if m.critic is not None else None}
+def rollout_tensors(m: StepModels, batch: StepBatch, cfg: TrainConfig) -> StepBatch:
+    """Fill ``old_logp`` (the current policy, before the update), ``ref_logp`` (if there is a
+    reference), ``values`` (if there is a critic), all [N, T], and ``logp_mismatch``."""
+    n, width = batch.size, batch.tokens.mask.shape[1]
+
+    def frame() -> Tensor:
+        return torch.zeros((n, width), dtype=torch.float32, device=m.device)  # [N, T]
+
+    batch.old_logp = frame()
+    batch.ref_logp = frame() if m.reference is not None else None
+    batch.values = frame() if m.critic is not None else None
     diff_sum, diff_n = 0.0, 0
-    for micro in _chunks(list(range(len(trajs))), cfg.micro_batch_size):
-        part = [trajs[i] for i in micro]
-        batch = collate(part, m.pad_id, m.device)
-        lengths = [len(t["response_ids"]) for t in part]
-        logp, _ = policy_forward(m.policy, batch, cfg.temperature)
-        out["old_logp"] += split_rows(logp, lengths)
-        sampler = pad_rows([torch.as_tensor(t["logprobs"], dtype=torch.float32) for t in part], batch.mask.shape[1])
-        diff = (logp - sampler.to(logp.device)).abs()
-        diff_sum += float(diff[batch.mask].sum())
-        diff_n += int(batch.mask.sum())
-        if m.reference is not None:
+    for micro in _chunks(list(range(n)), cfg.micro_batch_size):
+        fb = batch.forward_batch(micro, m.device)
+        rows, t = torch.as_tensor(micro, dtype=torch.long, device=m.device), fb.mask.shape[1]
+        inside = batch.within(micro, m.device)  # [b, t]
+        logp, _ = policy_forward(m.policy, fb, cfg.temperature)  # [b, t]
+        batch.old_logp[rows, :t] = torch.where(inside, logp.float(), 0.0)
+        diff = (logp - batch.rows(batch.sampler_logp, micro).to(logp.device)).abs()
+        diff_sum += float(diff[fb.mask].sum())
+        diff_n += int(fb.mask.sum())
+        if batch.ref_logp is not None:
             with reference_mode(m.accelerator.unwrap_model(m.reference)) as ref:
-                ref_logp, _ = policy_forward(ref, batch, cfg.temperature)
-            out["ref_logp"] += split_rows(ref_logp, lengths)
-        if m.critic is not None:
-            out["values"] += split_rows(critic_forward(m.critic, batch), lengths)
-    out["logp_mismatch"] = diff_sum / max(diff_n, 1)
-    return out
+                ref_logp, _ = policy_forward(ref, fb, cfg.temperature)
+            batch.ref_logp[rows, :t] = torch.where(inside, ref_logp.float(), 0.0)
+        if batch.values is not None:
+            batch.values[rows, :t] = torch.where(inside, critic_forward(m.critic, fb).float(), 0.0)
+    batch.logp_mismatch = diff_sum / max(diff_n, 1)
+    return batch
 
 
-def _padded(rows: list[Tensor], width: int) -> Tensor:
-    return pad_rows(rows, width, 0.0, torch.float32)
+def advantages(spec: AlgoSpec, acfg: AlgoConfig, batch: StepBatch, accelerator: Any = None) -> StepBatch:
+    """Fill ``advantages`` ([N] for sequence algos, [N, T] for PPO) and, for PPO, ``returns``.
 
-
-def advantages(spec: Any, acfg: Any, trajs: list[dict[str, Any]], rt: dict[str, Any],
-               accelerator: Any = None) -> dict[str, Any]:
-    """Add ``adv`` (per sample: 0-dim for sequence algos, [R_i] for PPO) and ``returns``.
-
-    With ``accelerator`` over several processes, hop groups (HRPO) span the whole batch:
-    each process holds only its slice of the prompts, and a per-slice hop group would be a
-    different (smaller, more often singleton) baseline than the paper's batch-wide I_h.
-    Prompt groups need no gathering: all G samples of a prompt are on one process."""
-    rewards = torch.tensor([t["reward"] for t in trajs], dtype=torch.float32)
+    With ``accelerator`` over several processes, groups that are not prompts (HRPO's hop
+    counts) span the whole batch: each process holds only its slice of the prompts, and a
+    per-slice hop group would be a different (smaller, more often singleton) baseline than
+    the paper's batch-wide I_h. Prompt groups need no gathering: all G samples of a prompt
+    are on one process."""
+    rewards = batch.rewards
     if spec.needs_critic:
-        lengths = [len(t["response_ids"]) for t in trajs]
-        width = max(1, max(lengths))
-        mask = pad_rows([torch.as_tensor(t["loss_mask"], dtype=torch.bool) for t in trajs], width, False, torch.bool)
-        old = _padded(rt["old_logp"], width)
-        ref = _padded(rt["ref_logp"], width) if rt["ref_logp"] is not None else None
-        values = _padded(rt["values"], width)
-        adv, ret = spec.token_advantages(rewards.to(old.device), old, ref, values, mask.to(old.device), acfg)
-        rt["adv"], rt["returns"] = split_rows(adv, lengths), split_rows(ret, lengths)
+        assert batch.old_logp is not None and batch.values is not None
+        device = batch.old_logp.device
+        everything = list(range(batch.size))
+        adv, ret = spec.token_advantages(rewards.to(device), batch.old_logp, batch.ref_logp, batch.values,
+                                         batch.tokens.mask.to(device), acfg)  # [N, T] x2
+        inside = batch.within(everything, device)
+        batch.advantages = torch.where(inside, adv, 0.0)
+        batch.returns = torch.where(inside, ret, 0.0)
+    elif spec.group_by != "prompt" and accelerator is not None and accelerator.num_processes > 1:
+        batch.advantages = _batch_wide(spec, acfg, rewards, batch.group_keys, accelerator)  # multi-process: unverified on GPUs
     else:
-        group_ids = _group_keys(spec, trajs)
-        if spec.group_by == "hop" and accelerator is not None and accelerator.num_processes > 1:
-            adv = _batch_wide(spec, acfg, rewards, group_ids, accelerator)  # multi-process: unverified on GPUs
-        else:
-            adv = spec.advantages(rewards, group_ids, acfg)  # [N]
-        rt["adv"], rt["returns"] = list(adv.unbind(0)), None
-    return rt
+        batch.advantages = spec.advantages(rewards, batch.group_keys, acfg)  # [N]
+    return batch
 
 
-def _batch_wide(spec: Any, acfg: Any, rewards: Tensor, group_ids: list[Any], accelerator: Any) -> Tensor:
+def sample_advantages(batch: StepBatch) -> list[float]:
+    """One number per sample for the saved rollouts: A_i, or PPO's mean A_t over its policy tokens."""
+    assert batch.advantages is not None
+    if batch.advantages.dim() == 1:
+        return [float(a) for a in batch.advantages]
+    mask = batch.tokens.mask.to(batch.advantages.device)
+    sums = (batch.advantages.float() * mask).sum(dim=1)
+    return [float(s) / max(int(c), 1) for s, c in zip(sums, mask.sum(dim=1))]
+
+
+def _batch_wide(spec: AlgoSpec, acfg: AlgoConfig, rewards: Tensor, group_keys: list[Hashable],
+                accelerator: Any) -> Tensor:
     """Advantages over every process's samples (gathered in rank order); this process's slice."""
     from accelerate.utils import gather_object
 
-    parts = gather_object([(rewards.tolist(), list(group_ids))])  # one (rewards, keys) per process
+    parts = gather_object([(rewards.tolist(), list(group_keys))])  # one (rewards, keys) per process
     start = sum(len(r) for r, _ in parts[: accelerator.process_index])
     all_rewards = torch.tensor([x for r, _ in parts for x in r], dtype=torch.float32)
     adv = spec.advantages(all_rewards, [k for _, ks in parts for k in ks], acfg)
-    return adv[start : start + len(group_ids)]
+    return adv[start : start + len(group_keys)]
 
 
-def _group_keys(spec: Any, trajs: list[dict[str, Any]]) -> list[Any]:
-    """What the algorithm groups by: the per-prompt group id, or (HRPO, ``group_by ==
-    "hop"``) the hop count the stage's batch reward wrote to ``t["hops"]`` — HRPO has one
-    sample per prompt, so its baseline comes from the batch's questions with the same h."""
-    if spec.group_by != "hop":
-        return [t["group_id"] for t in trajs]
-    if any(t.get("hops") is None for t in trajs):
-        raise ZsearchError(f"--algo {spec.name} groups by hop count, but the reward set no 'hops' on the "
-                           "trajectories (it needs the proposer reward of `zsearch propose`)")
-    return [int(t["hops"]) for t in trajs]
-
-
-def _accumulate(total: dict[str, float], stats: dict[str, Tensor], weight: float) -> None:
+def _accumulate(total: dict[str, float], stats: dict[str, Any], weight: float, prefix: str = "") -> None:
     for k, v in stats.items():
-        total[k] = total.get(k, 0.0) + weight * float(v)
+        total[prefix + k] = total.get(prefix + k, 0.0) + weight * float(v)
 
 
-def optimize(m: StepModels, spec: Any, acfg: Any, cfg: Any, trajs: list[dict[str, Any]],
-             rt: dict[str, Any], step: int) -> dict[str, float]:
-    """K epochs over seeded mini-batch orders; returns the stats averaged over optimizer steps."""
-    n = len(trajs)
+def optimize(m: StepModels, spec: AlgoSpec, acfg: AlgoConfig, cfg: TrainConfig, batch: StepBatch,
+             done: int) -> dict[str, float]:
+    """K epochs over seeded mini-batch orders; returns every statistic the losses return,
+    averaged over optimizer steps: ``actor/<stat>`` of the policy loss and ``critic/<stat>``
+    of the value loss, with ``actor/grad_norm`` and ``critic/grad_norm``. ``done``: the
+    training steps before this one, which seeds the mini-batch order."""
+    n = batch.size
     mini = cfg.mini_batch_size or n
     token_level = spec.needs_critic  # PPO's losses are means over the batch's policy tokens
-    tokens = [int(sum(t["loss_mask"])) for t in trajs]
+    tokens = batch.policy_tokens
     clip = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
     sums: dict[str, float] = {}
     updates = 0
     for epoch in range(cfg.ppo_epochs):
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 101 + epoch)
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + done * 101 + epoch)
         order = torch.randperm(n, generator=gen).tolist() if cfg.ppo_epochs > 1 or mini < n else list(range(n))
         for mb in _chunks(order, mini):
             m.optimizer.zero_grad(set_to_none=True)
@@ -152,16 +236,16 @@ def optimize(m: StepModels, spec: Any, acfg: Any, cfg: Any, trajs: list[dict[str
             micros = _chunks(mb, cfg.micro_batch_size)
             for j, micro in enumerate(micros):
                 weight = (sum(tokens[i] for i in micro) if token_level else len(micro)) / denom
-                _micro_step(m, spec, acfg, cfg, trajs, rt, micro, weight, stats, last=j == len(micros) - 1)
+                _micro_step(m, spec, acfg, cfg, batch, micro, weight, stats, last=j == len(micros) - 1)
             # The parameter lists are taken after the backward, not once per step: FSDP2 swaps
             # unsharded tensors in and out around forwards, so an earlier list can be stale.
             grad_norm = m.accelerator.clip_grad_norm_(_trainable(m.policy), clip)
-            stats["grad_norm"] = float(grad_norm)
+            stats["actor/grad_norm"] = float(grad_norm)
             m.optimizer.step()
             if m.critic is not None:
-                stats["critic_grad_norm"] = float(m.accelerator.clip_grad_norm_(_trainable(m.critic), clip))
+                stats["critic/grad_norm"] = float(m.accelerator.clip_grad_norm_(_trainable(m.critic), clip))
                 m.critic_optimizer.step()
-            _accumulate(sums, {k: torch.tensor(v) for k, v in stats.items()}, 1.0)
+            _accumulate(sums, stats, 1.0)
             updates += 1
     m.optimizer.zero_grad(set_to_none=True)
     return {k: v / max(updates, 1) for k, v in sums.items()}
@@ -185,31 +269,31 @@ def _trainable(model: Any) -> list[Any]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def _micro_step(m: StepModels, spec: Any, acfg: Any, cfg: Any, trajs: list[dict[str, Any]], rt: dict[str, Any],
+def _micro_step(m: StepModels, spec: AlgoSpec, acfg: AlgoConfig, cfg: TrainConfig, batch: StepBatch,
                 micro: list[int], weight: float, stats: dict[str, float], last: bool) -> None:
-    """Forward + backward of one micro-batch, its loss scaled by ``weight``."""
-    part = [trajs[i] for i in micro]
-    batch = collate(part, m.pad_id, m.device)
-    width = batch.mask.shape[1]
-    old = _padded([rt["old_logp"][i] for i in micro], width)
-    ref = _padded([rt["ref_logp"][i] for i in micro], width) if rt["ref_logp"] is not None else None
+    """Forward + backward of one micro-batch (an index slice of the step's batch), its loss
+    scaled by ``weight``."""
+    assert batch.old_logp is not None and batch.advantages is not None
+    fb = batch.forward_batch(micro, m.device)
+    old = batch.rows(batch.old_logp, micro)  # [b, t]
+    ref = batch.rows(batch.ref_logp, micro) if batch.ref_logp is not None else None  # [b, t]
     if spec.needs_critic:
-        adv = _padded([rt["adv"][i] for i in micro], width)  # [b, T]
+        adv = batch.rows(batch.advantages, micro)  # [b, t]
     else:
-        adv = torch.stack([rt["adv"][i] for i in micro])  # [b]
+        adv = batch.advantages[torch.as_tensor(micro, dtype=torch.long, device=batch.advantages.device)]  # [b]
     sync = contextlib.nullcontext() if last else m.accelerator.no_sync(m.policy)
     with sync:
-        logp, entropy = policy_forward(m.policy, batch, cfg.temperature, entropy=True)
-        loss, pstats = spec.policy_loss(logp, old.to(logp.device), adv.to(logp.device), batch.mask, acfg,
+        logp, entropy = policy_forward(m.policy, fb, cfg.temperature, entropy=True)
+        loss, pstats = spec.policy_loss(logp, old.to(logp.device), adv.to(logp.device), fb.mask, acfg,
                                         ref_logp=None if ref is None else ref.to(logp.device), entropy=entropy)
         m.accelerator.backward(loss * weight)
-    _accumulate(stats, pstats, weight)
+    _accumulate(stats, pstats, weight, prefix="actor/")
     if m.critic is not None:
-        old_v = _padded([rt["values"][i] for i in micro], width)
-        returns = _padded([rt["returns"][i] for i in micro], width)
+        assert batch.values is not None and batch.returns is not None
+        old_v, returns = batch.rows(batch.values, micro), batch.rows(batch.returns, micro)  # [b, t] x2
         csync = contextlib.nullcontext() if last else m.accelerator.no_sync(m.critic)
         with csync:
-            values = critic_forward(m.critic, batch)
-            vloss, vstats = spec.value_loss(values, old_v.to(values.device), returns.to(values.device), batch.mask, acfg)
+            values = critic_forward(m.critic, fb)
+            vloss, vstats = spec.value_loss(values, old_v.to(values.device), returns.to(values.device), fb.mask, acfg)
             m.accelerator.backward(vloss * weight)
-        _accumulate(stats, vstats, weight)
+        _accumulate(stats, vstats, weight, prefix="critic/")

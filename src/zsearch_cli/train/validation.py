@@ -9,8 +9,8 @@ only against real retrieval. The validation backend is ``--val-search`` (default
 Cheap by construction: one greedy sample per question, the trainer's own generation backend
 (the HF backend shares the policy's weights; vLLM is synced after every update), the training
 rollout limits, and at most ``--val-limit`` questions. Each validation writes
-OUT/val/step-N.examples.parquet (EVAL_EXAMPLE) and returns val_em/val_f1/val_subem (and
-time_val) for the step's metrics row.
+OUT/val/step-N.examples.parquet (EVAL_EXAMPLE) and returns ``val/em``, ``val/f1``,
+``val/subem`` (and ``time/val``) for the step's metrics row.
 """
 
 from __future__ import annotations
@@ -68,9 +68,9 @@ class Validator:
         self.batch_size = max(1, batch_size)
 
     def due(self, step: int) -> bool:
-        """After every ``--val-every`` steps, and after the last step."""
+        """After every ``--val-every`` steps, and after the last step (``step`` is 1-based)."""
         every = self.cfg.val_every
-        return step == self.cfg.steps - 1 or (every > 0 and (step + 1) % every == 0)
+        return step == self.cfg.steps or (every > 0 and step % every == 0)
 
     def run(self, step: int) -> dict[str, float]:
         """Validate the policy as it is after ``step``; each process takes its slice of the
@@ -80,8 +80,7 @@ class Validator:
 
         acc = self.accelerator
         rank, world = (acc.process_index, acc.num_processes) if acc is not None else (0, 1)
-        if hasattr(self.search, "set_progress"):
-            self.search.set_progress(step, self.cfg.steps)
+        self.search.progress(step - 1, self.cfg.steps)
         examples, summary = evaluate_engine(self.engine, self.rows[rank::world], self.dataset, self.cfg.model,
                                             self.batch_size)
         totals = [summary[k] * summary["n"] if summary else 0.0 for k in SCORES] + [float(len(examples))]
@@ -89,7 +88,7 @@ class Validator:
             totals = acc.reduce(torch.tensor(totals, dtype=torch.float64, device=acc.device), "sum").tolist()
         self._write(step, examples, rank, world)
         n = max(totals[-1], 1.0)
-        return {**{f"val_{k}": totals[i] / n for i, k in enumerate(SCORES)}, "time_val": time.perf_counter() - t0}
+        return {**{f"val/{k}": totals[i] / n for i, k in enumerate(SCORES)}, "time/val": time.perf_counter() - t0}
 
     def _write(self, step: int, examples: list[dict[str, Any]], rank: int, world: int) -> None:
         from zsearch_cli.schemas import EVAL_EXAMPLE, write_artifact

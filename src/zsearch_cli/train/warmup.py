@@ -27,6 +27,7 @@ from zsearch_cli.errors import ZsearchError
 from zsearch_cli.options import WarmupOptions
 from zsearch_cli.models.base import GenerationOutput, SamplingParams
 from zsearch_cli.rollout.engine import QARow, RolloutConfig, RolloutEngine
+from zsearch_cli.rollout.trajectory import Trajectory
 
 SEARCH_THOUGHT = "<think> I need to look this up. </think>\n"
 ANSWER_THOUGHT = "<think> The search results answer the question. </think>\n"
@@ -68,7 +69,7 @@ class TeacherBackend:
 
 
 def teacher_trajectories(rows: Sequence[QARow], tokenizer: Any, protocol: Any, search: Any,
-                         config: RolloutConfig) -> list[dict[str, Any]]:
+                         config: RolloutConfig) -> list[Trajectory]:
     """One teacher trajectory per row (see the module docstring); rows without a gold
     answer are an error."""
     for row in rows:
@@ -99,9 +100,9 @@ def build_warmup_data(opts: WarmupOptions, config: dict[str, Any]) -> Path:
     if not rows:
         raise ZsearchError(f"{opts.qa}: no questions")
     trajs = teacher_trajectories(rows, load_tokenizer(opts.model), protocol, make_search(opts), rollout_config(opts))
-    answered = sum(t["prediction"] is not None for t in trajs)
+    answered = sum(t.prediction is not None for t in trajs)
     out = Path(opts.out)
-    write_artifact(trajs, out, TRAJECTORY, config)
+    write_artifact([t.to_row() for t in trajs], out, TRAJECTORY, config)
     Console(stderr=True).print(f"wrote {len(trajs)} teacher trajectories ({answered} end in an answer) to {out}; "
                                f"next: zsearch sft {out} --model {opts.model}")
     return out
