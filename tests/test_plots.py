@@ -87,6 +87,19 @@ def test_curves_have_integer_step_ticks(tmp_path):
             assert ticks and all(float(t).is_integer() for t in ticks), (ax.get_title(), ticks)
 
 
+def test_curves_carry_the_title_they_are_given(tmp_path):
+    """`zsearch plot --title` (the demo names the model and task on its reward curve)."""
+    import json
+
+    from zsearch_cli.train.metrics import plot_metrics
+
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 0, "rollout/reward_mean": 0.5}) + "\n")
+    with _saved_figures() as figures:
+        plot_metrics(tmp_path, tmp_path / "a.png")
+        plot_metrics(tmp_path, tmp_path / "b.png", title="GRPO on a tiny model")
+    assert [f._suptitle.get_text() for f in figures] == [f"zsearch train: {tmp_path.name}", "GRPO on a tiny model"]
+
+
 def test_console_line_prints_namespaces_the_trainer_does_not_own():
     from zsearch_cli.train.metrics import console_line
 

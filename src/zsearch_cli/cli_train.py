@@ -36,7 +36,7 @@ def plot(ctx: typer.Context, given: dict) -> None:
     from zsearch_cli.train.metrics import plot_metrics
 
     opts = PlotOptions(**given)
-    typer.echo(f"curves written to {plot_metrics(opts.run_dir, opts.out)}")
+    typer.echo(f"curves written to {plot_metrics(opts.run_dir, opts.out, opts.title)}")
 
 
 # ----------------------------------------------------------------------------- SFT / simulator SFT

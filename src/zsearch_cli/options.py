@@ -253,6 +253,8 @@ class PlotOptions:
     """A `zsearch train` output folder."""
     out: Optional[Path] = option(None, flags=("--out", "-o"))
     """PNG to write [RUN_DIR/curves.png]."""
+    title: Optional[str] = option(None, flags=("--title",))
+    """Figure title [zsearch train: RUN_DIR's name]."""
 
 
 # ----------------------------------------------------------------------------- eval / collect / judge / warmup-data

@@ -151,14 +151,17 @@ def _hub_revision(repo_id: str) -> str | None:
 
 def model_identity(model: str) -> tuple[str, str | None, str | None]:
     """(model, revision, adapter) for ``--model``: an adapter folder reports its base model."""
-    from zsearch_cli.models.loading import SMOLLM2_ALIAS, is_lora_checkpoint, smollm2_cache_path
+    from zsearch_cli.models.loading import SMOLLM2_ALIAS, WARM_ALIAS, adapter_base, is_lora_checkpoint, smollm2_cache_path
+    from zsearch_cli.errors import ZsearchError
+    from zsearch_cli.models.warm import shipped_dir
 
-    path = smollm2_cache_path() if model == SMOLLM2_ALIAS else Path(model).expanduser()
+    aliases = {SMOLLM2_ALIAS: smollm2_cache_path, WARM_ALIAS: shipped_dir}  # no build just to name it
+    path = aliases[model]() if model in aliases else Path(model).expanduser()
     if path.is_dir():
         if is_lora_checkpoint(path):
             try:
-                base = json.loads((path / "adapter_config.json").read_text())["base_model_name_or_path"]
-            except (OSError, ValueError, KeyError):
+                base = adapter_base(path)
+            except ZsearchError:
                 base = "?"
             base_model, base_rev, _ = model_identity(str(base))
             return base_model, base_rev, f"{model}@{_sampled_fingerprint(path)}"

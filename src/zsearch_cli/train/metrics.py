@@ -158,8 +158,9 @@ def load_metrics(run_dir: Path) -> list[dict[str, Any]]:
     raise ZsearchError(f"{run_dir}: no metrics.parquet or metrics.jsonl (is it a `zsearch train` output folder?)")
 
 
-def plot_metrics(run_dir: Path, out: Path | None = None) -> Path:
-    """One PNG grid of the main curves (x = step) -> RUN_DIR/curves.png (or ``out``)."""
+def plot_metrics(run_dir: Path, out: Path | None = None, title: str | None = None) -> Path:
+    """One PNG grid of the main curves (x = step) -> RUN_DIR/curves.png (or ``out``), under
+    ``title`` (default: the run folder's name), e.g. which model and task the run trained."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -181,7 +182,7 @@ def plot_metrics(run_dir: Path, out: Path | None = None) -> Path:
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(names):]:
         ax.axis("off")
-    fig.suptitle(f"zsearch train: {Path(run_dir).name}", fontsize=11)
+    fig.suptitle(title or f"zsearch train: {Path(run_dir).name}", fontsize=11)
     fig.tight_layout()
     path = Path(out) if out is not None else Path(run_dir) / "curves.png"
     tmp = path.with_name(f".{path.stem}.tmp.png")

@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.models.loading import SMOLLM2_ALIAS, load_model, resolve_model_path
+from zsearch_cli.models.loading import ALIASES, load_model, resolve_model_path
+from zsearch_cli.models.warm import BASE_FILE
 from zsearch_cli.train.config import TrainConfig
 
 
@@ -36,8 +37,10 @@ def _lora_config(cfg: TrainConfig, task_type: str | None) -> Any:
 
 
 def base_reference(name: str) -> str:
-    """How a LoRA checkpoint names its base: aliases and hub ids as given, folders absolute."""
-    if name == SMOLLM2_ALIAS or not Path(name).expanduser().exists():
+    """How a LoRA checkpoint names its base: hub ids as given, folders absolute, and an alias
+    as its cache folder, so plain peft (``AutoPeftModelForCausalLM``) finds the base; the
+    alias itself goes to ``zsearch_base.json`` (:func:`save_policy`) for zsearch's loader."""
+    if name not in ALIASES and not Path(name).expanduser().exists():
         return name
     return str(Path(resolve_model_path(name)).resolve())
 
@@ -199,6 +202,8 @@ def save_policy(model: Any, tokenizer: Any, path: Path, base: str,
         data = json.loads(cfg_path.read_text())
         data["base_model_name_or_path"] = base_reference(base)
         cfg_path.write_text(json.dumps(data, indent=2) + "\n")
+        if base in ALIASES:  # the cache folder above is this machine's; the alias is portable
+            (path / BASE_FILE).write_text(json.dumps({"base": base}) + "\n")
 
 
 @contextlib.contextmanager
