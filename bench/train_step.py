@@ -61,7 +61,7 @@ def worker(spec: dict) -> dict:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {"name": spec["name"], "setup": setup, "step": mean("time/step"), "rollout": mean("time/rollout"),
             "reward": mean("time/reward"), "update": mean("time/update"), "tokens": mean("rollout/response_length"),
-            "samples": cfg.batch_size * trainer.acfg.group_size,
+            "samples": cfg.batch_size * cfg.group_size,
             "peak_mb": peak}
 
 

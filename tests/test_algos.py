@@ -589,12 +589,13 @@ def test_table_and_paper_defaults():
     for name, spec in ALGOS.items():
         assert isinstance(spec, AlgoSpec) and spec.name == name
         cfg = spec.config_cls()
-        assert cfg.lr == 1e-6 and hasattr(cfg, "group_size") and hasattr(cfg, "beta")
+        assert hasattr(cfg, "beta") and not hasattr(cfg, "lr") and not hasattr(cfg, "group_size")
+        assert spec.group_size == (1 if name in ("ppo", "hrpo") else 5)
         assert (spec.advantages is None) == spec.needs_critic == (spec.value_loss is not None)
     g = GRPOConfig()
-    assert (g.clip_eps_low, g.clip_eps_high, g.beta, g.delta, g.group_size) == (0.2, 0.2, 0.001, 1e-6, 5)
+    assert (g.clip_eps_low, g.clip_eps_high, g.beta, g.delta) == (0.2, 0.2, 0.001, 1e-6)
     r = ReinforceConfig()
-    assert (r.baseline, r.clip_eps_low, r.beta, r.group_size) == ("none", 0.2, 0.001, 5)
+    assert (r.baseline, r.clip_eps_low, r.beta) == ("none", 0.2, 0.001)
     p = ALGOS["ppo"].config_cls()
     assert (p.gamma, p.lam, p.critic_lr, p.cliprange_value) == (1.0, 1.0, 1e-5, 0.5)
     assert (p.beta, p.clip_eps_low, p.clip_eps_high, p.whiten_advantages) == (0.001, 0.2, 0.2, False)
@@ -604,7 +605,7 @@ def test_table_and_paper_defaults():
     assert d.reward == "subem" and d.target_groups > 0 and d.max_gen_batches > 0
     h = ALGOS["hrpo"]
     assert h.on_policy and h.group_by == "hop"
-    assert h.config_cls().beta == 0.0 and h.config_cls().group_size == 1
+    assert h.config_cls().beta == 0.0 and h.group_size == 1
     assert {n for n, s in ALGOS.items() if s.needs_reference()} == {"reinforce", "ppo", "grpo"}
     assert not ALGOS["grpo"].needs_reference(GRPOConfig(beta=0.0))
     assert ALGOS["grpo"].group_size_min == 2 and ALGOS["reinforce"].group_size_min == 1

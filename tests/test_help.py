@@ -28,3 +28,13 @@ def test_every_bracket_in_a_help_text_reaches_help():
                 assert " ".join(bracket.split()) in text, f"zsearch {name} --help lost {bracket!r}"
                 checked += 1
     assert checked >= 20  # the help texts do state defaults in brackets
+
+
+def test_every_option_shows_its_default():
+    """A default click cannot show (None: "unset") is stated in brackets in the help text."""
+    for name, command in _commands().items():
+        for param in command.params:
+            if param.name in ("config", "help") or param.required or getattr(param, "is_flag", False):
+                continue
+            shown = param.default is not None and getattr(param, "show_default", True) is not False
+            assert shown or "[" in (param.help or ""), f"zsearch {name} --{param.name}: no default in --help"

@@ -3,6 +3,7 @@ schedule, and DSPO's filter loop."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -103,8 +104,9 @@ def test_bad_configs_are_one_line_errors(overrides, message):
 
 
 def test_algo_config_takes_paper_defaults_and_overrides():
-    assert algo_config(TrainConfig(algo="grpo")).lr == 1e-6
-    assert algo_config(TrainConfig(algo="ppo")).group_size == 1
+    assert TrainConfig(algo="grpo").lr == 1e-6  # lr and G are the trainer's, not the loss's
+    assert (TrainConfig(algo="ppo").group_size, TrainConfig(algo="grpo").group_size) == (1, 5)
+    assert not {"lr", "group_size"} & {f.name for f in dataclasses.fields(algo_config(TrainConfig()))}
     c = algo_config(TrainConfig(algo="dspo", batch_size=16, reward="subem", clip_eps=0.01, max_gen_batches=4))
     assert (c.target_groups, c.reward, c.clip_eps_low, c.clip_eps_high, c.max_gen_batches) == (16, "subem", 0.01, 0.01, 4)
     c = algo_config(TrainConfig(algo="reinforce", algo_args=parse_algo_args(["baseline=rloo", "clip-eps-high=0.28"])))
@@ -117,8 +119,8 @@ def test_presets_fill_only_what_the_user_did_not_set():
     cfg = TrainConfig.from_preset("search-r1")
     acfg = algo_config(cfg)
     assert (cfg.algo, cfg.reward, cfg.topk, cfg.max_turns, cfg.steps) == ("ppo", "em", 3, 4, 500)
-    assert (acfg.lr, acfg.critic_lr, acfg.beta, acfg.clip_eps_low, acfg.group_size) == (1e-6, 1e-5, 0.001, 0.2, 1)
-    assert algo_config(TrainConfig.from_preset("search-r1", algo="grpo")).group_size == 5  # the GRPO option
+    assert (cfg.lr, acfg.critic_lr, acfg.beta, acfg.clip_eps_low, cfg.group_size) == (1e-6, 1e-5, 0.001, 0.2, 1)
+    assert TrainConfig.from_preset("search-r1", algo="grpo").group_size == 5  # the GRPO option
     z = TrainConfig.from_preset("zerosearch", lr=5e-6)
     assert (z.algo, z.reward, z.group_size, z.topk, z.max_turns, z.steps, z.lr) == ("reinforce", "f1", 5, 5, 5, 200, 5e-6)
     d = TrainConfig.from_preset("drzero-solver")
@@ -187,7 +189,8 @@ def _collect(engine, data, shard=(0, 1), all_counts=None, **cfg):
     from zsearch_cli.train.config import get_spec
 
     tc = TrainConfig(algo="dspo", group_size=2, batch_size=data.batch_size, reward="subem", **cfg)
-    return collect(engine, data, get_spec("dspo"), algo_config(tc), step=3, metric="subem", protocol="tags",
+    return collect(engine, data, get_spec("dspo"), algo_config(tc), step=3, group_size=tc.group_size,
+                   metric="subem", protocol="tags",
                    shard=shard, all_counts=all_counts)
 
 

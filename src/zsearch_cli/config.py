@@ -99,7 +99,8 @@ def _flag(param: Any) -> str:
 
 
 def check_ranges(ctx: Any, values: dict[str, Any]) -> None:
-    """Refuse a numeric option outside its declared range (:data:`cli_options.RANGES`),
+    """Refuse a numeric option outside its declared range (declared on its field,
+    :func:`cli_options.option`),
     naming the flag, or the config file and key that set it."""
     from zsearch_cli.cli_options import range_for
 

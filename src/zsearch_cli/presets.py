@@ -34,19 +34,21 @@ PRESETS: dict[str, dict[str, Any]] = {
     "dspo": {
         "algo": "dspo", "reward": "subem", "topk": 3, "search": "bm25", "protocol": "tags",
     },
-    # Dr. Zero's solver phase: GRPO, G = 5, EM, tool-call protocol, 5 turns, 50 steps per iteration.
+    # Dr. Zero's solver phase: GRPO, G = 5, EM, tool-call protocol, 5 turns, 50 steps per iteration,
+    # 512 new tokens per turn like the proposer (`zsearch solve` = the solve step of `zsearch drzero`).
     "drzero-solver": {
         "algo": "grpo", "group_size": 5, "lr": 1e-6, "reward": "em", "protocol": "tool_call",
         "max_turns": 5, "topk": 3, "steps": 50, "warmup_ratio": 0.03, "max_context_tokens": 3072,
-        "max_obs_tokens": 512,
+        "max_obs_tokens": 512, "max_turn_tokens": 512,
     },
     # Dr. Zero's proposer phase (Table 5): HRPO (1 question per prompt, no clipping, β = 0),
-    # lr 1e-6, warmup 0.03, 5 turns, 4096 tokens. Its reward needs the frozen solver, so only
+    # lr 1e-6, warmup 0.03, 5 turns, 4096 tokens; 16 prompts per step, a checkpoint every 10 steps
+    # (the `drzero` loop's resume points). Its reward needs the frozen solver, so only
     # `zsearch propose` (and the `drzero` loop) can run it; `zsearch train` refuses hrpo.
     "drzero-proposer": {
         "algo": "hrpo", "group_size": 1, "lr": 1e-6, "beta": 0.0, "protocol": "tool_call", "max_turns": 5,
         "topk": 3, "steps": 50, "warmup_ratio": 0.03, "max_context_tokens": 4096, "max_obs_tokens": 512,
-        "max_turn_tokens": 512,
+        "max_turn_tokens": 512, "batch_size": 16, "save_every": 10,
     },
 }  # fmt: skip
 

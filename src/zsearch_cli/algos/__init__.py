@@ -85,8 +85,9 @@ class AlgoSpec:
     name: str
     """The ``--algo`` value."""
     config_cls: type
-    """Frozen config dataclass; ``config_cls()`` holds the paper defaults. Every one has
-    ``lr``, ``group_size`` and ``beta``."""
+    """Frozen config dataclass of the loss; ``config_cls()`` holds the paper defaults. Every
+    one has ``beta``. The learning rate and G are the trainer's and the rollout's
+    (``TrainConfig.lr``, :attr:`group_size`), not the loss's."""
     policy_loss: Callable[..., tuple[Any, dict[str, Any]]]
     """(logp, old_logp, advantages, mask, cfg, ref_logp=None, entropy=None) -> (loss, stats)."""
     advantages: Callable[..., Any] | None
@@ -101,6 +102,10 @@ class AlgoSpec:
     """The importance ratio is per sequence (GSPO/DSPO), not per token."""
     filter_groups: bool = False
     """DSPO dynamic filtering: train only on mixed-reward groups, resampling up to the budget."""
+    group_size: int = 5
+    """G, responses sampled per prompt when ``--group-size`` is unset: 5 (Search-R1's GRPO,
+    ZeroSearch's REINFORCE; DSPO states none), 1 for PPO (Search-R1) and HRPO (Dr. Zero: one
+    question per prompt, the baseline comes from the hop group)."""
     group_size_min: int = 1
     """Smallest sensible ``cfg.group_size`` (group baselines need G >= 2)."""
     group_by: Literal["prompt", "hop", "none"] = "prompt"
@@ -129,7 +134,7 @@ ALGOS: dict[str, AlgoSpec] = {
     "ppo": AlgoSpec(
         name="ppo", config_cls=PPOConfig,
         policy_loss=ppo_policy_loss, advantages=None, token_advantages=ppo_advantages, value_loss=ppo_value_loss,
-        needs_critic=True, group_by="none",
+        needs_critic=True, group_by="none", group_size=1,
     ),
     "grpo": AlgoSpec(
         name="grpo", config_cls=GRPOConfig,
@@ -162,7 +167,7 @@ ALGOS: dict[str, AlgoSpec] = {
     "hrpo": AlgoSpec(
         name="hrpo", config_cls=HRPOConfig,
         policy_loss=hrpo_policy_loss, advantages=hrpo_advantages,
-        group_by="hop", on_policy=True,
+        group_by="hop", on_policy=True, group_size=1,
         batch_reward=("hrpo trains the Dr. Zero proposer: its reward needs the frozen solver and its groups are "
                       "hop counts, which only the proposer's batch reward supplies; use `zsearch propose` "
                       "(or the `zsearch drzero` loop)"),

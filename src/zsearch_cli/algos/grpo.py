@@ -44,10 +44,6 @@ from zsearch_cli.algos.common import (
 class GRPOConfig:
     """GRPO hyper-parameters; defaults from Search-R1 App. B.2 (docs/methods.md §6)."""
 
-    lr: float = 1e-6
-    """Policy learning rate (Search-R1: 1e-6)."""
-    group_size: int = 5
-    """G, responses sampled per prompt (Search-R1: 5)."""
     clip_eps_low: float = 0.2
     """ε on the low side: ρ is clipped at 1 − ε_low (Search-R1: 0.2)."""
     clip_eps_high: float = 0.2

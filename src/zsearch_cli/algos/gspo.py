@@ -39,12 +39,8 @@ from zsearch_cli.algos.common import (
 @dataclass(frozen=True)
 class GSPOConfig:
     """GSPO hyper-parameters. Clip ranges from verl/TRL's GSPO recipes; the DSPO
-    paper states no lr or G, so those follow Search-R1 (docs/methods.md §4.5, §6)."""
+    paper states no lr or G, so those (TrainConfig's lr, AlgoSpec.group_size) follow Search-R1 (docs/methods.md §4.5, §6)."""
 
-    lr: float = 1e-6
-    """Policy learning rate (not stated by DSPO; Search-R1's 1e-6)."""
-    group_size: int = 5
-    """G, responses sampled per prompt (not stated by DSPO; Search-R1's 5)."""
     clip_eps_low: float = 3e-4
     """ε_l: the sequence ratio s_i is clipped at 1 − ε_l (verl/TRL: 3e-4)."""
     clip_eps_high: float = 4e-4

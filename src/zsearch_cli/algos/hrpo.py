@@ -41,10 +41,6 @@ from zsearch_cli.algos.common import (
 class HRPOConfig:
     """HRPO hyper-parameters; defaults from Dr. Zero Table 5 (docs/methods.md §5.4, §6)."""
 
-    lr: float = 1e-6
-    """Proposer learning rate (Dr. Zero: 5e-7 to 1e-6)."""
-    group_size: int = 1
-    """Questions generated per prompt (Dr. Zero: 1; the baseline comes from the hop group)."""
     beta: float = 0.0
     """β of an optional k3 KL term to the reference (Dr. Zero: 0)."""
     delta: float = 1e-6

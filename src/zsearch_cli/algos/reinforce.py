@@ -28,10 +28,6 @@ from zsearch_cli.algos.common import GroupIds, group_moments
 class ReinforceConfig:
     """REINFORCE hyper-parameters; defaults from ZeroSearch App. F (docs/methods.md §6)."""
 
-    lr: float = 1e-6
-    """Policy learning rate (ZeroSearch: 1e-6)."""
-    group_size: int = 5
-    """Responses sampled per prompt (ZeroSearch: 5)."""
     baseline: Literal["none", "rloo"] = "none"
     """"none": A = r (ZeroSearch). "rloo": A_i = r_i − mean_{j≠i} r_j within the prompt group."""
     clip_eps_low: float = 0.2

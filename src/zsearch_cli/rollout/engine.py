@@ -16,31 +16,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
+from zsearch_cli.cli_options import uses
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.models.base import GenerationBackend, SamplingParams
+from zsearch_cli.options import RolloutOptions
 from zsearch_cli.retrieval.base import Passage
 from zsearch_cli.rollout.trajectory import Trajectory
 from zsearch_cli.search.base import SearchBackend, SearchBackendError, SearchRequest
 
 
 @dataclass
+@uses(RolloutOptions, "max_turns", "max_turn_tokens", "max_obs_tokens", "max_context_tokens", "topk", "temperature",
+      "top_p")
 class RolloutConfig:
-    """Limits and sampling for one rollout batch (defaults: Search-R1)."""
+    """Limits and sampling for one rollout batch (defaults: Search-R1). The limits are declared
+    once, in ``options.RolloutOptions``: ordinary turns (then one final turn in which no search
+    runs), new tokens per turn, the observation cap (whole passages are cut so the closing tag
+    survives) and the prompt + response budget (the prompt is never dropped: observations
+    shrink to fit, and a sample that runs out ends with finish 'context')."""
 
-    max_turns: int = 4
-    """Ordinary turns; after them one final turn is generated in which no search runs."""
-    max_turn_tokens: int = 500
-    """New tokens per turn at most."""
-    max_obs_tokens: int = 500
-    """Observation length cap; whole passages are cut so the closing tag survives."""
-    max_context_tokens: int = 4096
-    """Prompt + response budget. The prompt (and so the question) is never dropped:
-    observations shrink to fit, and a sample that runs out ends with finish 'context'."""
-    topk: int = 3
-    """Passages per query."""
-    temperature: float = 1.0
-    """0 is greedy (eval's default)."""
-    top_p: float = 1.0
     seed: int = 0
     """Every turn's sampling seed derives from this, the step and the turn index."""
     chat_template: bool = True

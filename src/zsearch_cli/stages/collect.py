@@ -19,7 +19,6 @@ one would have.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -30,6 +29,7 @@ from rich.table import Table
 from zsearch_cli.data.demo import demo_qa
 from zsearch_cli.data.qa import load_qa
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.options import CollectOptions
 from zsearch_cli.rewards import score_answer
 from zsearch_cli.rollout.trajectory import Trajectory
 from zsearch_cli.schemas import COLLECTED_QUERY, TRAJECTORY, read_artifact, read_metadata, write_artifact
@@ -43,37 +43,6 @@ RESUME_KEYS = ("data", "model", "protocol", "search", "samples_per_question", "t
                "topk", "max_turns")
 """Options that must match the run being resumed: mixing them would make one file
 describe two different collections."""
-
-
-@dataclass
-class CollectOptions:
-    """What ``zsearch collect`` runs; the CLI fills it from flags/YAML."""
-
-    data: Path | None = None
-    """QA file (FlashRAG jsonl, Search-R1 Parquet or our QA artifact); None = bundled demo train split."""
-    out: Path = Path("runs/collect")
-    model: str = "smollm2"
-    backend: str = "auto"
-    device: str = "auto"
-    search: str = "bm25"
-    """bm25 | dense | hybrid | http://host:port | serpapi: a *real* engine (that is the point)."""
-    index: Path | None = None
-    """Index directory for in-process search (default: runs/index)."""
-    protocol: str = "tags"
-    samples_per_question: int = 5
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int = 0
-    topk: int = 5
-    """ZeroSearch retrieves five documents, and its simulator writes five."""
-    max_turns: int = 5
-    max_turn_tokens: int = 500
-    max_obs_tokens: int = 500
-    max_context_tokens: int = 4096
-    batch_size: int = 8
-    """Questions per generation batch (each with samples_per_question samples)."""
-    limit: int | None = None
-    """Only the first N questions."""
 
 
 # ----------------------------------------------------------------------------- query rows
@@ -133,21 +102,9 @@ def query_rows(trajectories: Iterable[Trajectory]) -> list[dict[str, Any]]:
 
 
 def _build_engine(opts: CollectOptions):
-    from zsearch_cli.models.loading import load_backend
-    from zsearch_cli.rollout.engine import RolloutConfig, RolloutEngine
-    from zsearch_cli.rollout.protocols import PROTOCOLS
-    from zsearch_cli.search.factory import make_search_backend
+    from zsearch_cli.rollout.build import build_engine
 
-    if opts.protocol not in PROTOCOLS:
-        raise ZsearchError(f"unknown --protocol {opts.protocol!r}: use one of {', '.join(PROTOCOLS)}")
-    search = make_search_backend(opts.search, index_dir=opts.index or Path("runs/index"))
-    backend = load_backend(opts.model, backend=opts.backend, device=opts.device)
-    cfg = RolloutConfig(
-        max_turns=opts.max_turns, max_turn_tokens=opts.max_turn_tokens, max_obs_tokens=opts.max_obs_tokens,
-        max_context_tokens=opts.max_context_tokens, topk=opts.topk, temperature=opts.temperature,
-        top_p=opts.top_p, seed=opts.seed,
-    )
-    return RolloutEngine(backend, PROTOCOLS[opts.protocol](), search, cfg)
+    return build_engine(opts)
 
 
 def _check_options(opts: CollectOptions) -> None:

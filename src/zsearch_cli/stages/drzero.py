@@ -24,17 +24,19 @@ iteration and sub-step samples differently, and the whole loop repeats from ``--
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 from rich.console import Console
 
+from zsearch_cli.cli_options import AT_LEAST_1, POSITIVE, Range, Record, option, uses
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.options import ModelOptions, OptimConfig, ProposerOptions, RolloutOptions, RunConfig, SearchConfig, Seeded
+from zsearch_cli.presets import PRESETS
 
 LINEAGE = "lineage.json"
 LINEAGE_FORMAT = "zsearch.drzero.lineage/1"
@@ -42,54 +44,53 @@ MAY_CHANGE = {"iterations", "eval_datasets", "eval_data_dir", "eval_limit", "bac
 """Options a rerun may change; any other change would break the recorded lineage and is refused."""
 
 
-@dataclass
-class DrZeroOptions:
-    """What ``zsearch drzero`` runs; defaults are Dr. Zero's (Appendix A, Tables 5–6)."""
+_PROPOSER, _SOLVER = PRESETS["drzero-proposer"], PRESETS["drzero-solver"]
 
-    out: Path = Path("runs/drzero")
-    model: str = "smollm2"
-    """The base model both proposer and solver start from."""
-    iterations: int = 3
-    proposer_steps: int = 50
-    solver_steps: int = 50
-    questions_per_iteration: int = 64
-    """Proposer prompts at the generate sub-step (questions that fail the gate are dropped)."""
-    samples: int = 1
-    """Proposer samples per prompt at generation; the best by format score is kept."""
-    batch_size: int = 16
-    """Proposer prompts per HRPO step (and per generation batch)."""
-    solver_batch_size: int = 8
-    """Questions per solver GRPO step (capped at the generated set's size)."""
-    group_size: int = 5
+
+@dataclass(kw_only=True)
+@uses(ModelOptions)
+@uses(SearchConfig, index=Path("runs/index"))
+@uses(RolloutOptions, "topk", "max_turns", "max_turn_tokens", "max_obs_tokens", "temperature",
+      **{k: _PROPOSER[k] for k in ("topk", "max_turns", "max_turn_tokens", "max_obs_tokens")})
+@uses(Seeded)
+@uses(OptimConfig, "lora_r")
+@uses(RunConfig, "out", "save_every", out=Path("runs/drzero"), save_every=_PROPOSER["save_every"])
+@uses(ProposerOptions, "solver_samples", "hop_ratio")
+class DrZeroOptions(Record):
+    """What ``zsearch drzero`` runs; defaults are Dr. Zero's (Appendix A, Tables 5–6), from the
+    drzero-proposer and drzero-solver presets."""
+
+    iterations: int = option(3, range=AT_LEAST_1)
+    """Self-evolution iterations (Dr. Zero: 3)."""
+    proposer_steps: int = option(_PROPOSER["steps"], range=AT_LEAST_1)
+    """HRPO steps per iteration."""
+    solver_steps: int = option(_SOLVER["steps"], range=AT_LEAST_1)
+    """GRPO steps per iteration."""
+    questions_per_iteration: int = option(64, range=AT_LEAST_1)
+    """Proposer prompts at each generate sub-step (questions that fail the gate are dropped)."""
+    samples: int = option(1, range=AT_LEAST_1)
+    """Proposer samples per prompt at generation (best by format kept)."""
+    batch_size: int = option(_PROPOSER["batch_size"], range=AT_LEAST_1)
+    """Proposer prompts per HRPO step and per generation batch."""
+    solver_batch_size: int = option(8, range=AT_LEAST_1)
+    """Questions per GRPO step (capped at the generated set's size)."""
+    group_size: int = option(_SOLVER["group_size"], flags=("--group-size", "-G", "--num-generations"),
+                             range=Range(2, why="GRPO's group baseline"))
     """G, solver responses per question."""
-    solver_samples: int = 5
-    """n, solver answers per proposed question in the proposer's difficulty reward."""
-    hop_ratio: str = "4:3:2:1"
-    seed: int = 0
-    proposer_lr: float = 1e-6
-    solver_lr: float = 1e-6
-    lora_r: int = 0
-    index: Path = Path("runs/index")
-    search: str = "bm25"
-    topk: int = 3
-    max_turns: int = 5
-    max_turn_tokens: int = 512
-    max_obs_tokens: int = 512
-    proposer_context_tokens: int = 4096
-    solver_context_tokens: int = 3072
-    temperature: float = 1.0
-    save_every: int = 10
-    """Trainer checkpoints every N steps: where an interrupted training sub-step resumes."""
+    proposer_lr: float = option(_PROPOSER["lr"], range=POSITIVE)
+    """Proposer learning rate."""
+    solver_lr: float = option(_SOLVER["lr"], range=POSITIVE)
+    """Solver learning rate."""
+    proposer_context_tokens: int = option(_PROPOSER["max_context_tokens"], range=AT_LEAST_1)
+    """Proposer prompt + response budget."""
+    solver_context_tokens: int = option(_SOLVER["max_context_tokens"], range=AT_LEAST_1)
+    """Solver prompt + response budget."""
     eval_datasets: str = ""
-    """Empty = no eval sub-step; else as ``zsearch eval --datasets``."""
+    """Evaluate each iteration's solver on these (as `eval --datasets`); empty = no eval."""
     eval_data_dir: Path = Path("data")
-    eval_limit: int | None = None
-    backend: str = "auto"
-    device: str = "auto"
-    dtype: str = "auto"
-
-    def to_dict(self) -> dict[str, Any]:
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()}
+    """Benchmark files for --eval-datasets (FlashRAG layout)."""
+    eval_limit: Optional[int] = option(None, range=AT_LEAST_1)
+    """Only the first N examples of each eval dataset [all]."""
 
 
 def iteration_seeds(seed: int, iteration: int) -> dict[str, int]:

@@ -34,6 +34,7 @@ from rich.table import Table
 from zsearch_cli.data.demo import demo_qa
 from zsearch_cli.data.qa import BENCHMARK_SPLITS, dataset_key, find_dataset_file, load_qa, resolve_datasets
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.options import EvalOptions
 from zsearch_cli.prompts.baselines import COT_PROMPT, DIRECT_PROMPT, RAG_PROMPT
 from zsearch_cli.protocol import METRIC_VERSION, RESUME_FIELDS, Protocol, build_protocol, differing, file_fingerprint
 from zsearch_cli.rewards import score_answer
@@ -55,42 +56,6 @@ from zsearch_cli.schemas import (
 # into one letter per line; a terminal keeps its own width.
 console = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
 METHODS = ("direct", "cot", "rag", "agent")
-
-@dataclass
-class EvalOptions:
-    """What ``zsearch eval`` runs; the CLI fills it from flags/YAML."""
-
-    datasets: str = "demo"
-    """'demo' (the bundled test split), 'all' (the seven benchmarks), a comma list, or QA file paths."""
-    data_dir: Path = Path("data")
-    """Where benchmark files live, FlashRAG layout: DATA_DIR/nq/test.jsonl."""
-    download: bool = False
-    """Fetch missing benchmark files from the FlashRAG hub dataset (needs network access)."""
-    out: Path = Path("runs/eval")
-    """Output directory: DATASET/METHOD.examples.parquet, DATASET/METHOD.summary.parquet, em.png."""
-    model: str = "smollm2"
-    """HF id, local path, checkpoint directory, or the 'smollm2' alias."""
-    method: str = "agent"
-    search: str = "bm25"
-    """bm25 | dense | hybrid | http://host:port | serpapi."""
-    index: Path | None = None
-    """Index directory for in-process search (default: runs/index)."""
-    protocol: str = "tags"
-    topk: int = 3
-    max_turns: int = 4
-    max_turn_tokens: int = 500
-    max_obs_tokens: int = 500
-    max_context_tokens: int = 4096
-    batch_size: int = 16
-    limit: int | None = None
-    """Evaluate only the first N examples of each dataset."""
-    temperature: float = 0.0
-    """Greedy by default."""
-    seed: int = 0
-    backend: str = "auto"
-    """hf, vllm or auto (vLLM when installed with CUDA)."""
-    device: str = "auto"
-
 
 EVAL_RESUME_MAY_CHANGE = {"datasets", "data_dir", "download", "out", "limit", "batch_size", "device", "backend",
                           "predictions", "qa"}
@@ -190,23 +155,11 @@ def evaluate_engine(engine: Any, rows: Sequence[Any], dataset: str, model: str, 
 
 
 def _build_engine(opts: EvalOptions):
-    from zsearch_cli.models.loading import load_backend
-    from zsearch_cli.rollout.engine import RolloutConfig, RolloutEngine
-    from zsearch_cli.rollout.protocols import PROTOCOLS
-    from zsearch_cli.search.factory import make_search_backend
+    from zsearch_cli.rollout.build import MAKE, build_engine
 
-    if opts.protocol not in PROTOCOLS:
-        raise ZsearchError(f"unknown --protocol {opts.protocol!r}: use one of {', '.join(PROTOCOLS)}")
-    needs_search = opts.method in ("agent", "rag")
-    search = make_search_backend(opts.search, index_dir=opts.index or Path("runs/index")) if needs_search else None
-    backend = load_backend(opts.model, backend=opts.backend, device=opts.device)
-    cfg = RolloutConfig(
-        max_turns=opts.max_turns if opts.method == "agent" else 0,
-        max_turn_tokens=opts.max_turn_tokens, max_obs_tokens=opts.max_obs_tokens,
-        max_context_tokens=opts.max_context_tokens, topk=opts.topk,
-        temperature=opts.temperature, seed=opts.seed,
-    )
-    return RolloutEngine(backend, PROTOCOLS[opts.protocol](), search, cfg), search
+    engine = build_engine(opts, search=MAKE if opts.method in ("agent", "rag") else None,
+                          max_turns=opts.max_turns if opts.method == "agent" else 0)
+    return engine, engine.search
 
 
 def _single_turn_prompts(method: str, rows, search, topk: int) -> None:

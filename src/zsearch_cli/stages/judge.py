@@ -16,7 +16,6 @@ authors trained on a useful/noisy-balanced set).
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -25,6 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.options import JudgeOptions
 from zsearch_cli.prompts.judge import JUDGE_PROMPT_VERSION, LABELS, build_judge_prompt, parse_verdict
 from zsearch_cli.schemas import COLLECTED_QUERY, JUDGMENT, read_artifact, read_metadata, write_artifact
 
@@ -35,34 +35,6 @@ BALANCED_FILE = "judgments.balanced.parquet"
 
 JudgeFn = Callable[[Sequence[str]], list[str]]
 """Prompts (user messages) in, raw judge texts out, in order."""
-
-
-@dataclass
-class JudgeOptions:
-    """What ``zsearch judge`` runs; the CLI fills it from flags/YAML."""
-
-    queries: Path
-    """queries.parquet from ``zsearch collect`` (the COLLECTED_QUERY artifact)."""
-    judge_model: str
-    """Local: HF id, folder or alias. Endpoint: the served model's name."""
-    out: Path = Path("runs/judge")
-    judge_url: str | None = None
-    """An OpenAI-compatible API root (``http://host:port/v1``); None judges with a local model."""
-    judge_api: str = "chat"
-    """Endpoint only: ``chat`` (/chat/completions) or ``completions`` (raw prompt)."""
-    backend: str = "auto"
-    device: str = "auto"
-    batch_size: int = 16
-    concurrency: int = 8
-    """Endpoint only: requests in flight at most."""
-    timeout: float = 60.0
-    retries: int = 3
-    max_new_tokens: int = 32
-    """The verdict is one short line; a longer budget only helps models that reason first."""
-    limit: int | None = None
-    balance: bool = False
-    seed: int = 0
-    """Seed of --balance's downsampling."""
 
 
 # ----------------------------------------------------------------------------- judges

@@ -22,6 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.options import GenerateOptions
 from zsearch_cli.prompts import format_source_document, render_proposer_prompt
 from zsearch_cli.retrieval.base import Passage
 from zsearch_cli.rewards import em, extract_question_answer, proposer_format_reward, proposer_reward
@@ -157,60 +158,22 @@ def best_of(trajs: Sequence[Trajectory], prompts: Sequence[ProposerPrompt], m: i
 # ----------------------------------------------------------------------------- generate-only
 
 
-@dataclass
-class GenerateOptions:
-    """``zsearch propose --generate-only``: write a QA set from a proposer checkpoint."""
-
-    model: str = "smollm2"
-    """Proposer: HF id, local path, checkpoint, or the smollm2 alias."""
-    solver_model: str | None = None
-    """Solver that measures difficulty; default: the same model as the proposer."""
-    solver_url: str | None = None
-    """An OpenAI-compatible server (``http://host:port/v1``) the solver answers from;
-    ``solver_model`` then names its tokenizer."""
-    index: str = "runs/index"
-    """Index directory: seed passages come from its corpus; searches go to it unless --search is http."""
-    search: str = "bm25"
-    num_questions: int = 64
-    samples: int = 4
-    """m proposer samples per prompt; the best by format score is kept (as Dr. Zero's code does)."""
-    solver_samples: int = 5
-    """n solver answers per question (the difficulty reward's n)."""
-    hop_ratio: str = "4:3:2:1"
-    seed: int = 0
-    topk: int = 3
-    max_turns: int = 5
-    max_turn_tokens: int = 512
-    max_obs_tokens: int = 512
-    max_context_tokens: int = 4096
-    temperature: float = 1.0
-    batch_size: int = 16
-    backend: str = "auto"
-    device: str = "auto"
-
-
 def make_engines(opts: Any) -> tuple[RolloutEngine, RolloutEngine, Any]:
     """(proposer engine, solver engine, index) sharing one search backend; the solver
     shares the proposer's weights when it is the same model."""
-    from zsearch_cli.models.loading import load_backend
     from zsearch_cli.retrieval.index import load_index
-    from zsearch_cli.rollout.engine import RolloutConfig
-    from zsearch_cli.rollout.protocols import ToolCallProtocol
-    from zsearch_cli.search.factory import make_search_backend
+    from zsearch_cli.rollout.build import build_engine
     from zsearch_cli.stages.propose_train import solver_backend
 
     index = load_index(opts.index)
-    search = make_search_backend(opts.search, index_dir=opts.index)
-    proposer = load_backend(opts.model, backend=opts.backend, device=opts.device)
+    proposer = build_engine(opts, protocol="tool_call")
     if opts.solver_url or opts.solver_model not in (None, opts.model):
         solver = solver_backend(opts.solver_model or opts.model, opts.solver_url, backend=opts.backend,
                                 device=opts.device)
     else:
-        solver = proposer  # the same weights: share the loaded model
-    cfg = dict(max_turns=opts.max_turns, max_turn_tokens=opts.max_turn_tokens, max_obs_tokens=opts.max_obs_tokens,
-               max_context_tokens=opts.max_context_tokens, topk=opts.topk, temperature=opts.temperature, seed=opts.seed)
-    return (RolloutEngine(proposer, ToolCallProtocol(), search, RolloutConfig(**cfg)),
-            RolloutEngine(solver, ToolCallProtocol(), search, RolloutConfig(**{**cfg, "seed": opts.seed + 1})), index)
+        solver = proposer.backend  # the same weights: share the loaded model
+    return (proposer, build_engine(opts, backend=solver, search=proposer.search, protocol="tool_call",
+                                   seed=opts.seed + 1), index)
 
 
 def generate_questions(opts: GenerateOptions, out: Any, config: dict[str, Any]) -> list[dict[str, Any]]:

@@ -140,14 +140,10 @@ def solver_backend(solver_model: str, solver_url: str | None, *, backend: str, d
 def solver_engine(solver_model: str, cfg: Any, search: Any, device: str, solver_url: str | None = None) -> RolloutEngine:
     """The frozen solver: its own model copy (or a server), the tool-call protocol (Figure 6
     prompt), the run's turn limits, and a sampling seed apart from the proposer's."""
-    from zsearch_cli.rollout.engine import RolloutConfig
-    from zsearch_cli.rollout.protocols import ToolCallProtocol
+    from zsearch_cli.rollout.build import build_engine
 
     backend = solver_backend(solver_model, solver_url, backend=cfg.backend, device=device, dtype=cfg.dtype)
-    rcfg = RolloutConfig(max_turns=cfg.max_turns, max_turn_tokens=cfg.max_turn_tokens,
-                         max_obs_tokens=cfg.max_obs_tokens, max_context_tokens=cfg.max_context_tokens,
-                         topk=cfg.topk, temperature=cfg.temperature, top_p=cfg.top_p, seed=cfg.seed + 1)
-    return RolloutEngine(backend, ToolCallProtocol(), search, rcfg)
+    return build_engine(cfg, backend=backend, search=search, protocol="tool_call", seed=cfg.seed + 1)
 
 
 def _check_stage_file(out: Path, options: dict[str, Any], resume: bool) -> None:

@@ -134,6 +134,7 @@ def collect(
     acfg: AlgoConfig,
     step: int,
     *,
+    group_size: int,
     metric: str,
     protocol: str,
     format_bonus: float = 0.0,
@@ -157,7 +158,6 @@ def collect(
     from zsearch_cli.algos import filter_mixed_groups, first_groups, need_more
 
     rank, world = shard
-    group_size = acfg.group_size
     budget = acfg.max_gen_batches if spec.filter_groups else 1
     target = -(-data.batch_size // world)  # groups this process must keep
     out = Collected(samples=[])

@@ -1,19 +1,24 @@
 """``TrainConfig``: every knob of ``zsearch train`` in one dataclass (the TRL/cleanrl pattern).
 
-Algorithm hyper-parameters that the papers fix (lr, G, β, ε, critic lr) default to ``None``,
-meaning "the algorithm's paper default" from ``algos/*.py``; :func:`algo_config` merges what
-the user set into the algorithm's frozen config. :func:`check_config` turns every invalid
+The options are composed of the parts in ``options.py`` (each declared once there) and the
+algorithm's own: the loss's hyper-parameters that the papers fix (β, ε, the critic lr, DSPO's
+budget) default to ``None``, meaning "the algorithm's paper default" from ``algos/*.py``, and
+:func:`algo_config` merges what the user set into the algorithm's frozen loss config. The
+learning rate and G are the trainer's and the rollout's: plain values (G unset takes the
+algorithm's, ``AlgoSpec.group_size``, when the config is made). :func:`check_config` turns every invalid
 combination into one :class:`ZsearchError` line before anything heavy is loaded.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
+from zsearch_cli.cli_options import ANY, AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, Range, Record, option, uses
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.options import ModelOptions, OptimConfig, RolloutOptions, RunConfig, SearchConfig, Seeded, ValidationConfig
 from zsearch_cli.presets import apply_preset
 
 REWARDS = ("em", "f1", "subem")
@@ -21,169 +26,102 @@ SCHEDULES = ("constant", "cosine")
 REPORT_TO = ("none", "tensorboard", "wandb")
 
 
-@dataclass
-class TrainConfig:
-    """Options of one RL training run. ``None`` = the algorithm's paper default."""
+def parse_algo_args(items: list[str] | None) -> dict[str, Any]:
+    """``["baseline=rloo", "gamma=0.99"]`` -> dict, values read as YAML scalars."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ZsearchError(f"--algo-arg {item!r}: expected KEY=VALUE")
+        out[key.strip().replace("-", "_")] = yaml.safe_load(value)
+    return out
+
+
+@dataclass(kw_only=True)
+@uses(ModelOptions)
+@uses(SearchConfig)
+@uses(RolloutOptions)
+@uses(Seeded)
+@uses(OptimConfig)
+@uses(RunConfig)
+@uses(ValidationConfig)
+class TrainConfig(Record):
+    """Options of one RL training run: the parts (``options.py``) and the algorithm's options.
+    ``None`` = the algorithm's paper default."""
 
     # ---- what to train
     algo: str = "grpo"
-    """Objective: a key of ``zsearch_cli.algos.ALGOS`` (reinforce, ppo, grpo, gspo, dspo, ...)."""
-    model: str = "smollm2"
-    """Policy to start from: HF id, local folder, checkpoint dir, or the 'smollm2' alias."""
-    out: Path = Path("runs/train")
-    """Run directory: checkpoints/, final/, metrics.jsonl, metrics.parquet, rollouts/."""
+    """reinforce, ppo, grpo, gspo, dspo (+ dspo-nofilter, dspo-token)."""
     train_data: str | None = None
-    """Comma list of QA files (FlashRAG jsonl / Parquet); None = the bundled demo train split."""
-    steps: int = 100
-    """Training steps (one rollout batch + its updates each)."""
-    seed: int = 0
-    """Seeds data order, sampling, mini-batch order and any fresh weights (value head)."""
+    """Comma list of QA files [the bundled demo train split]."""
+    steps: int = option(100, range=AT_LEAST_1)
+    """Training steps (one rollout batch and its updates each)."""
 
-    # ---- batch shapes
-    batch_size: int = 8
-    """B, prompts per step (DSPO: mixed-reward groups to collect per step)."""
-    group_size: int | None = None
-    """G, responses per prompt (PPO 1, GRPO/REINFORCE/DSPO 5 by default)."""
-    ppo_epochs: int = 1
-    """K, passes over the rollout batch per step."""
-    mini_batch_size: int | None = None
-    """Sequences per optimizer step; None = the whole batch (one update per epoch)."""
-    micro_batch_size: int = 8
-    """Sequences per forward/backward; gradients accumulate up to the mini-batch."""
+    # ---- batch shapes (TRL counts completions; here B counts prompts, each with G responses)
+    batch_size: int = option(8, range=AT_LEAST_1)
+    """B, prompts per step (DSPO: mixed groups to collect); B x G sequences (TRL counts completions)."""
+    group_size: int | None = option(None, flags=("--group-size", "-G", "--num-generations"), range=AT_LEAST_1)
+    """G, responses per prompt [the algorithm's: PPO and HRPO 1, others 5]."""
+    ppo_epochs: int = option(1, range=AT_LEAST_1)
+    """Passes over each rollout batch."""
+    mini_batch_size: int | None = option(None, range=AT_LEAST_1)
+    """Sequences per optimizer step [whole batch]."""
+    micro_batch_size: int = option(8, range=AT_LEAST_1)
+    """Sequences per forward/backward (gradient accumulation)."""
 
-    # ---- algorithm (None = paper default of --algo)
-    lr: float | None = None
-    """Policy (actor) learning rate."""
-    critic_lr: float | None = None
-    """PPO critic learning rate (Search-R1: 1e-5)."""
-    beta: float | None = None
-    """KL weight to the frozen reference (0 = no reference model is loaded)."""
-    clip_eps: float | None = None
-    """Sets both clip_eps_low and clip_eps_high."""
-    clip_eps_low: float | None = None
-    """ε_low of the ratio clip (token ratio, or GSPO's sequence ratio)."""
-    clip_eps_high: float | None = None
-    """ε_high of the ratio clip."""
-    max_gen_batches: int | None = None
-    """DSPO: generation batches one step may sample to collect B mixed groups (10)."""
-    algo_args: dict[str, Any] = field(default_factory=dict)
-    """Any other field of the algorithm's config, e.g. {'baseline': 'rloo'} or {'gamma': 0.99}."""
-
-    # ---- critic (PPO)
+    # ---- the algorithm's loss (None = paper default of --algo)
+    critic_lr: float | None = option(None, range=POSITIVE)
+    """PPO critic learning rate [1e-5]."""
+    beta: float | None = option(None, range=AT_LEAST_0)
+    """KL weight to the reference [algo default]; 0 loads no reference."""
+    clip_eps: float | None = option(None, range=POSITIVE, aliases=("epsilon",))
+    """Ratio clip epsilon, both sides [algo default]."""
+    clip_eps_low: float | None = option(None, range=Range(0, 1, lo_open=True, hi_open=True))
+    """Lower ratio clip epsilon (token ratio, or GSPO's sequence ratio) [--clip-eps, else algo default]."""
+    clip_eps_high: float | None = option(None, range=POSITIVE)
+    """Upper ratio clip epsilon [--clip-eps, else algo default]."""
+    max_gen_batches: int | None = option(None, range=AT_LEAST_1)
+    """DSPO: generation batches per step at most [10]."""
+    algo_args: dict[str, Any] = option(factory=dict, flags=("--algo-arg",), param="algo_arg", cli_type=Optional[list[str]],
+                                       convert=parse_algo_args)
+    """KEY=VALUE for any other algo config field (repeatable), e.g. baseline=rloo [none]."""
     critic_model: str | None = None
-    """PPO critic backbone: None = a copy of the policy's initial weights; a model path/id;
-    'none' means no critic (an error for PPO)."""
-
-    # ---- optimization
-    max_grad_norm: float = 1.0
-    """Clip the global gradient norm to this (0 = no clipping; the norm is still logged)."""
-    lr_schedule: str = "constant"
-    """'constant' or 'cosine' (to min_lr_ratio · lr at the last step), after the warmup."""
-    warmup_ratio: float = 0.0
-    """Fraction of the steps with a linear warmup (Dr. Zero: 0.03)."""
-    min_lr_ratio: float = 0.0
-    """Cosine floor as a fraction of the peak lr."""
-    weight_decay: float = 0.0
-    """AdamW weight decay (verl's actor default is 0.01; 0 keeps LoRA/full runs comparable)."""
-    lora_r: int = 0
-    """LoRA rank; 0 trains every weight."""
-    lora_alpha: int = 16
-    """LoRA α (scale α/r)."""
-    lora_targets: str = "q_proj,k_proj,v_proj,o_proj"
-    """Comma list of module names that get LoRA adapters."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass (less memory, ~30% slower updates)."""
-
-    # ---- reward
+    """PPO critic backbone [a copy of the policy]; 'none' means no critic (an error for PPO)."""
     reward: str | None = None
-    """Outcome reward: em, f1 or subem; None = the algorithm's paper metric (ppo/grpo: em as
-    in Search-R1; reinforce: f1 as in ZeroSearch; dspo and its gspo/token ablations: subem)."""
-    format_bonus: float = 0.0
-    """Add this when the response is well formed (rewards.format_reward); 0 as in the papers."""
+    """em, f1 or subem [algo default: ppo/grpo em, reinforce f1, dspo/gspo subem]."""
+    format_bonus: float = option(0.0, range=ANY)
+    """Added when the response is well formed (0 = papers)."""
 
-    # ---- rollout and search
-    search: str = "bm25"
-    """bm25 | dense | hybrid | http://host:port | serpapi | any make_search_backend spec."""
-    index: Path | None = None
-    """Index directory for in-process search (default runs/index)."""
-    protocol: str = "tags"
-    """tags (Search-R1) or tool_call (Dr. Zero)."""
-    topk: int = 3
-    """Passages per search."""
-    max_turns: int = 4
-    """Search turns before the final no-search turn."""
-    max_turn_tokens: int = 500
-    """New tokens per turn."""
-    max_obs_tokens: int = 500
-    """Tokens per observation."""
-    max_context_tokens: int = 4096
-    """Prompt + response budget."""
-    temperature: float = 1.0
-    """Sampling temperature; logprobs for the loss are computed at the same temperature."""
-    top_p: float = 1.0
-    """Nucleus sampling mass."""
-    backend: str = "auto"
-    """Generation backend: hf, vllm or auto (vLLM with CUDA when installed)."""
-    device: str = "auto"
-    """auto, cpu or cuda (under accelerate launch: the process's device)."""
-    dtype: str = "auto"
-    """auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16."""
-
-    # ---- ZeroSearch's simulated search (sim:MODEL / sim+http://… only; docs/methods.md §3)
-    noise_start: float | None = None
-    """p_s of the noise curriculum; None = the spec's ``noise_start=`` or the simulator's 0."""
-    noise_end: float | None = None
-    """p_e; None = the spec's or 0.25 (the paper's Qwen-2.5-3B setting; 7B: 0.75)."""
-    noise_base: float | None = None
-    """b of eq. 1; None = the spec's or 4 (the paper's)."""
+    # ---- ZeroSearch's simulated search (sim:MODEL / sim+http://... only; docs/methods.md §3)
+    noise_start: float | None = option(None, range=FRACTION)
+    """sim search: curriculum noise p_s [0]."""
+    noise_end: float | None = option(None, range=FRACTION)
+    """sim search: curriculum noise p_e [0.25; paper 7B: 0.75]."""
+    noise_base: float | None = option(None, range=POSITIVE)
+    """sim search: curriculum base b [4]."""
     noise_schedule: str | None = None
-    """curriculum (eq. 1) or fixed (p = noise_start at every step; the paper's random
-    ablation is fixed at 0.5); None = curriculum."""
+    """sim search: curriculum (eq. 1) or fixed (p = --noise-start) [curriculum]."""
 
-    # ---- validation during training: greedy, on a real search engine
-    val_data: str | None = None
-    """QA file to validate on (FlashRAG jsonl / Parquet); None = no validation. Validation
-    measures what the policy does with real retrieval, which the simulator's reward hides."""
-    val_every: int = 50
-    """Validate after every N steps, and after the last (0 = only after the last)."""
-    val_limit: int | None = None
-    """Only the first N validation questions (each costs one greedy rollout); None = all."""
-    val_search: str | None = None
-    """Validation backend spec; None = bm25 over --index (reused when training searches it too)."""
-    val_allow_sim: bool = False
-    """Allow a sim: --val-search: validating against the simulator must be asked for."""
-
-    # ---- bookkeeping
-    save_every: int = 50
-    """Checkpoint every N steps (0 = only the final model)."""
-    keep_checkpoints: int = 2
-    """Most recent checkpoints to keep."""
-    resume: bool = False
-    """Continue from the latest checkpoint in OUT/checkpoints (a fresh start if there is none)."""
-    save_rollouts: bool = False
-    """Write OUT/rollouts/step-N.parquet (ROLLOUT artifact) every step."""
-    report_to: str = "none"
-    """none, tensorboard or wandb (through accelerate's trackers)."""
     preset: str | None = None
-    """The preset these options were resolved with (recorded only; see presets.apply_preset)."""
+    """search-r1, zerosearch, dspo or drzero-solver: the papers' settings; flags override [none]."""
+
+    def __post_init__(self) -> None:
+        if self.group_size is None and self.algo in _algos():
+            self.group_size = _algos()[self.algo].group_size  # the algorithm's paper G
 
     @classmethod
     def from_preset(cls, name: str | None, **overrides: Any) -> "TrainConfig":
         """Library form of ``--preset``: the preset's values, then ``overrides`` on top."""
         return cls(**{**apply_preset(name, overrides, set(overrides)), "preset": name})
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly (paths as strings), for checkpoints and Parquet metadata."""
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()}
 
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in data.items() if k in names}
-        for key in ("out", "index"):
-            if kw.get(key) is not None:
-                kw[key] = Path(kw[key])
-        return cls(**kw)
+
+def _algos() -> dict[str, Any]:
+    from zsearch_cli.algos import ALGOS
+
+    return ALGOS
 
 
 def get_spec(name: str) -> Any:
@@ -205,7 +143,7 @@ def algo_config(cfg: TrainConfig) -> Any:
     spec = get_spec(cfg.algo)
     fields = {f.name: f for f in dataclasses.fields(spec.config_cls)}
     values: dict[str, Any] = {}
-    for key in ("lr", "critic_lr", "group_size", "beta", "max_gen_batches"):
+    for key in ("critic_lr", "beta", "max_gen_batches"):
         if getattr(cfg, key) is not None and key in fields:
             values[key] = getattr(cfg, key)
     for side in ("low", "high"):
@@ -224,15 +162,16 @@ def algo_config(cfg: TrainConfig) -> Any:
     return spec.config_cls(**values)
 
 
-RESOLVED_FIELDS = ("lr", "critic_lr", "group_size", "beta", "clip_eps_low", "clip_eps_high", "max_gen_batches")
+RESOLVED_FIELDS = ("critic_lr", "beta", "clip_eps_low", "clip_eps_high", "max_gen_batches")
 """TrainConfig fields whose ``None`` means "the algorithm's paper default"."""
 
 
 def resolve_config(cfg: TrainConfig) -> TrainConfig:
     """``cfg`` with every "paper default" (``None``) replaced by the value the run uses:
-    the reward metric from the algorithm, and lr, G, β, the clip range and DSPO's budget
-    from its frozen config. What is logged and checkpointed is this, so a metrics file
-    never says ``lr: null``. Idempotent; a field the algorithm lacks (PPO's critic lr
+    the reward metric from the algorithm, and β, the clip range, PPO's critic lr and DSPO's
+    budget from its loss config (lr and G are the trainer's own, never None). What is logged
+    and checkpointed is this, so a metrics file never says ``beta: null``. Idempotent; a
+    field the algorithm lacks (PPO's critic lr
     under GRPO, clipping under HRPO) stays None."""
     spec = get_spec(cfg.algo)
     with_reward = dataclasses.replace(cfg, reward=cfg.reward or spec.reward)
@@ -265,19 +204,6 @@ def check_even_shards(batch_size: int, num_processes: int) -> None:
                            f"(unequal shares would change the update): use a multiple of {num_processes}")
 
 
-def parse_algo_args(items: list[str] | None) -> dict[str, Any]:
-    """``["baseline=rloo", "gamma=0.99"]`` -> dict, values read as YAML scalars."""
-    import yaml
-
-    out: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ZsearchError(f"--algo-arg {item!r}: expected KEY=VALUE")
-        out[key.strip().replace("-", "_")] = yaml.safe_load(value)
-    return out
-
-
 def check_config(cfg: TrainConfig) -> Any:
     """Validate ``cfg`` and return its algorithm config; every problem is one line."""
     spec = get_spec(cfg.algo)
@@ -290,10 +216,10 @@ def check_config(cfg: TrainConfig) -> Any:
 
     need(cfg.steps >= 1, f"--steps must be >= 1, got {cfg.steps}")
     need(cfg.batch_size >= 1, f"--batch-size must be >= 1, got {cfg.batch_size}")
-    need(acfg.group_size >= 1, f"--group-size must be >= 1, got {acfg.group_size}")
-    need(acfg.group_size >= spec.group_size_min,
+    need(cfg.group_size >= 1, f"--group-size must be >= 1, got {cfg.group_size}")
+    need(cfg.group_size >= spec.group_size_min,
          f"--algo {cfg.algo} needs --group-size >= {spec.group_size_min} (a group baseline needs G >= 2), "
-         f"got {acfg.group_size}; use --algo reinforce for G = 1")
+         f"got {cfg.group_size}; use --algo reinforce for G = 1")
     need(cfg.ppo_epochs >= 1, f"--ppo-epochs must be >= 1, got {cfg.ppo_epochs}")
     need(cfg.micro_batch_size >= 1, f"--micro-batch-size must be >= 1, got {cfg.micro_batch_size}")
     need(cfg.mini_batch_size is None or cfg.mini_batch_size >= 1,
@@ -301,7 +227,7 @@ def check_config(cfg: TrainConfig) -> Any:
     if spec.on_policy:
         need(cfg.ppo_epochs == 1 and cfg.mini_batch_size is None,
              f"--algo {cfg.algo} is strictly on-policy: one update per batch (no --ppo-epochs/--mini-batch-size)")
-    need(acfg.lr > 0, f"--lr must be > 0, got {acfg.lr}")
+    need(cfg.lr > 0, f"--lr must be > 0, got {cfg.lr}")
     need(acfg.beta >= 0, f"--beta must be >= 0, got {acfg.beta}")
     if spec.needs_critic:
         need((cfg.critic_model or "").lower() != "none",

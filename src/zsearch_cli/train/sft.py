@@ -23,13 +23,11 @@ pure function of (seed, step), and the RNG, optimizer and scheduler states are r
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import math
 import random
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,93 +46,11 @@ from zsearch_cli.train.checkpoint import (METRICS_FORMAT, STATE_FILE, atomic_dir
 from zsearch_cli.train.metrics import MetricsLog
 from zsearch_cli.train.models import load_policy, save_policy
 from zsearch_cli.train.optim import make_optimizer
+from zsearch_cli.train.sft_config import SFTConfig
 from zsearch_cli.train.sft_data import IGNORE, SFTItem, StepOrder, collate, load_sft_items, split_eval
 
 RESUME_MAY_CHANGE = {"max_steps", "epochs", "save_every", "keep_checkpoints", "resume", "eval_every", "out", "device"}
 """Options that may differ between a run and its --resume; any other change is refused."""
-
-
-@dataclass
-class SFTConfig:
-    """Options of one SFT run."""
-
-    data: str = ""
-    """Training file: SFT_EXAMPLE pairs (prompt, completion) or trajectories (TRAJECTORY/ROLLOUT)."""
-    model: str = "smollm2"
-    """Model to start from: HF id, local folder, checkpoint dir, or the 'smollm2' alias."""
-    out: Path = Path("runs/sft")
-    """Run directory: checkpoints/, final/, metrics.jsonl."""
-    eval_data: str | None = None
-    """Held-out file of the same kind; None = hold out ``eval_fraction`` of ``data``."""
-    eval_fraction: float = 0.05
-    """Seeded fraction of ``data`` held out for the eval loss (0 = no eval)."""
-    eval_every: int = 100
-    """Eval loss every N steps (and after the last one); 0 = only after the last one."""
-    chat_template: bool = True
-    """Pairs: wrap the prompt in the tokenizer's chat template. False = raw prompt text
-    (the ZeroSearch simulator is served that way). Trajectories are already token ids."""
-    only_correct: bool = False
-    """Trajectories: keep only those whose prediction is EM-correct (rejection sampling)."""
-    max_length: int = 2048
-    """Tokens per example; longer prompts lose tokens on the left, completions are never cut
-    (an example whose completion alone is longer is dropped and counted)."""
-    epochs: float = 1.0
-    """Passes over the training examples (ignored when ``max_steps`` is set)."""
-    max_steps: int | None = None
-    """Optimizer steps; overrides ``epochs``."""
-    batch_size: int = 8
-    """Examples per forward/backward (per process)."""
-    grad_accum: int = 1
-    """Micro-batches per optimizer step: the step sees batch_size × grad_accum × processes."""
-    lr: float = 1e-5
-    """Peak learning rate (the simulator's SFT uses the paper's 1e-6)."""
-    lr_schedule: str = "cosine"
-    """'constant' or 'cosine' (to min_lr_ratio · lr at the last step), after the warmup."""
-    warmup_ratio: float = 0.03
-    """Fraction of the steps with a linear warmup."""
-    min_lr_ratio: float = 0.0
-    """Cosine floor as a fraction of the peak lr."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    max_grad_norm: float = 1.0
-    """Clip the global gradient norm (0 = no clipping; the norm is still logged)."""
-    lora_r: int = 0
-    """LoRA rank; 0 trains every weight."""
-    lora_alpha: int = 16
-    """LoRA α (scale α/r)."""
-    lora_targets: str = "q_proj,k_proj,v_proj,o_proj"
-    """Comma list of module names that get LoRA adapters."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass (less memory, slower steps)."""
-    merge_lora: bool = False
-    """LoRA: also write OUT/final/merged, full weights for engines that load a folder (vLLM)."""
-    seed: int = 0
-    """Seeds the eval split, the example order and any fresh weights (LoRA)."""
-    device: str = "auto"
-    """auto, cpu or cuda (under accelerate launch: the process's device)."""
-    dtype: str = "auto"
-    """auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16."""
-    save_every: int = 100
-    """Checkpoint every N steps (0 = only the final model)."""
-    keep_checkpoints: int = 2
-    """Most recent checkpoints to keep."""
-    resume: bool = False
-    """Continue from the latest checkpoint in OUT/checkpoints (a fresh start if there is none)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly (paths as strings), for checkpoints and metadata."""
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()}
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "SFTConfig":
-        names = {f.name for f in dataclasses.fields(cls)}
-        kw = {k: v for k, v in data.items() if k in names}
-        for key in ("data", "eval_data"):
-            if kw.get(key) is not None:
-                kw[key] = str(kw[key])
-        if kw.get("out") is not None:
-            kw["out"] = Path(kw["out"])
-        return cls(**kw)
 
 
 def check_sft_config(cfg: SFTConfig) -> None:

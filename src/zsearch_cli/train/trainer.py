@@ -93,7 +93,7 @@ class Trainer:
             self.reference = load_reference(cfg, self.policy, device, cfg.dtype, self.spec.needs_reference(self.acfg))
         self.critic = load_critic(cfg, device, cfg.dtype, resume_dir) if self.spec.needs_critic else None
         sched = (cfg.steps, cfg.warmup_ratio, cfg.lr_schedule, cfg.min_lr_ratio)
-        self.optimizer, self.scheduler = make_optimizer(self.policy.parameters(), self.acfg.lr, cfg.weight_decay, *sched)
+        self.optimizer, self.scheduler = make_optimizer(self.policy.parameters(), cfg.lr, cfg.weight_decay, *sched)
         self.critic_optimizer = self.critic_scheduler = None
         if self.critic is not None:
             self.critic_optimizer, self.critic_scheduler = make_optimizer(
@@ -108,16 +108,12 @@ class Trainer:
             search = make_search_backend(cfg.search, index_dir=cfg.index or Path("runs/index"), **search_options(cfg))
         self.search: SearchBackend = search
         self.generation, self.uses_vllm = self._generation_backend(resume_dir)
-        from zsearch_cli.rollout.engine import RolloutConfig, RolloutEngine
-        from zsearch_cli.rollout.protocols import PROTOCOLS
+        from zsearch_cli.rollout.build import build_engine
 
-        rcfg = RolloutConfig(max_turns=cfg.max_turns, max_turn_tokens=cfg.max_turn_tokens,
-                             max_obs_tokens=cfg.max_obs_tokens, max_context_tokens=cfg.max_context_tokens,
-                             topk=cfg.topk, temperature=cfg.temperature, top_p=cfg.top_p,
-                             seed=cfg.seed + 7919 * self.accelerator.process_index)
-        self.engine = RolloutEngine(self.generation, PROTOCOLS[cfg.protocol](), self.search, rcfg)
+        self.engine = build_engine(cfg, backend=self.generation, search=self.search,
+                                   seed=cfg.seed + 7919 * self.accelerator.process_index)
         if self.validator is not None:
-            self.validator.attach(self.generation, self.search, self.accelerator, cfg.batch_size * self.acfg.group_size)
+            self.validator.attach(self.generation, self.search, self.accelerator, cfg.batch_size * cfg.group_size)
         self.metrics = MetricsLog(Path(cfg.out), resolved_dict(cfg, self.accelerator.num_processes), self.accelerator,
                                   self.accelerator.is_main_process)
         self.start_step = 0
@@ -163,7 +159,7 @@ class Trainer:
         if self.spec.needs_critic:  # accelerate sends every backward through its last prepared engine
             raise ZsearchError(f"--algo {cfg.algo} under DeepSpeed: the critic would be a second DeepSpeed engine, "
                                "which zsearch does not drive; use DDP or FSDP")
-        per_process = cfg.mini_batch_size or -(-cfg.batch_size // acc.num_processes) * self.acfg.group_size
+        per_process = cfg.mini_batch_size or -(-cfg.batch_size // acc.num_processes) * cfg.group_size
         if cfg.micro_batch_size < per_process:
             raise ZsearchError(f"under DeepSpeed every backward is an optimizer step: set --micro-batch-size >= "
                                f"{per_process} (the mini-batch of one process), got {cfg.micro_batch_size}")
@@ -309,7 +305,8 @@ class Trainer:
         done = step - 1  # steps before this one: what the curriculum and the seeds count
         self.search.progress(done, cfg.steps)  # the simulator's noise curriculum reads it
         acc = self.accelerator
-        collected = collect(self.engine, self.data, self.spec, self.acfg, step, metric=cfg.reward,
+        collected = collect(self.engine, self.data, self.spec, self.acfg, step, group_size=cfg.group_size,
+                            metric=cfg.reward,
                             protocol=cfg.protocol, format_bonus=cfg.format_bonus, reward_fn=self.reward_fn,
                             shard=(acc.process_index, acc.num_processes), batch_reward_fn=self.batch_reward_fn,
                             all_counts=self._all_counts if acc.num_processes > 1 else None)

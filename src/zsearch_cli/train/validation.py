@@ -15,6 +15,7 @@ OUT/val/step-N.examples.parquet (EVAL_EXAMPLE) and returns ``val/em``, ``val/f1`
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -52,9 +53,8 @@ class Validator:
     def attach(self, generation: Any, train_search: Any, accelerator: Any, batch_size: int) -> None:
         """Greedy engine over ``generation``; the training backend is reused when it is the
         same real engine (a large index is not loaded twice)."""
-        from zsearch_cli.rollout.engine import RolloutConfig, RolloutEngine
-        from zsearch_cli.rollout.protocols import PROTOCOLS
-        from zsearch_cli.search.factory import is_simulated, make_search_backend
+        from zsearch_cli.rollout.build import build_engine, make_search
+        from zsearch_cli.search.factory import is_simulated
 
         cfg = self.cfg
         spec = validation_search(cfg)
@@ -62,11 +62,8 @@ class Validator:
             self.search = train_search
         else:
             extra = {"seed": cfg.seed} if is_simulated(spec) else {}
-            self.search = make_search_backend(spec, index_dir=cfg.index or Path("runs/index"), **extra)
-        rcfg = RolloutConfig(max_turns=cfg.max_turns, max_turn_tokens=cfg.max_turn_tokens,
-                             max_obs_tokens=cfg.max_obs_tokens, max_context_tokens=cfg.max_context_tokens,
-                             topk=cfg.topk, temperature=0.0, seed=cfg.seed)
-        self.engine = RolloutEngine(generation, PROTOCOLS[cfg.protocol](), self.search, rcfg)
+            self.search = make_search(dataclasses.replace(cfg, search=spec), **extra)
+        self.engine = build_engine(cfg, backend=generation, search=self.search, temperature=0.0, top_p=1.0)
         self.accelerator = accelerator
         self.batch_size = max(1, batch_size)
 

@@ -19,11 +19,12 @@ contain it. Keep the warm-up short (tens of steps) and let RL do the rest.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.options import WarmupOptions
 from zsearch_cli.models.base import GenerationOutput, SamplingParams
 from zsearch_cli.rollout.engine import QARow, RolloutConfig, RolloutEngine
 from zsearch_cli.rollout.trajectory import Trajectory
@@ -67,32 +68,6 @@ class TeacherBackend:
         return outs
 
 
-@dataclass
-class WarmupOptions:
-    """``zsearch warmup-data``: teacher trajectories over a QA file."""
-
-    qa: str
-    """QA file (jsonl or Parquet) whose questions and first gold answers are played."""
-    out: str = "runs/warmup/trajectories.parquet"
-    """TRAJECTORY Parquet to write (input of ``zsearch sft``)."""
-    model: str = "smollm2"
-    """Whose tokenizer and chat template the trajectories use: the model you will warm up."""
-    protocol: str = "tags"
-    """tags (Search-R1) or tool_call (Dr. Zero)."""
-    search: str = "bm25"
-    """Search backend for the real results in the observations."""
-    index: str = "runs/index"
-    """Index directory for in-process search."""
-    topk: int = 3
-    """Passages per search."""
-    max_obs_tokens: int = 500
-    """Tokens per observation (whole passages are cut, as in rollouts)."""
-    max_context_tokens: int = 4096
-    """Prompt + response budget."""
-    limit: int | None = None
-    """Use the first N questions only."""
-
-
 def teacher_trajectories(rows: Sequence[QARow], tokenizer: Any, protocol: Any, search: Any,
                          config: RolloutConfig) -> list[Trajectory]:
     """One teacher trajectory per row (see the module docstring); rows without a gold
@@ -114,7 +89,7 @@ def build_warmup_data(opts: WarmupOptions, config: dict[str, Any]) -> Path:
     from zsearch_cli.models.loading import load_tokenizer
     from zsearch_cli.rollout.protocols import get_protocol
     from zsearch_cli.schemas import TRAJECTORY, write_artifact
-    from zsearch_cli.search.factory import make_search_backend
+    from zsearch_cli.rollout.build import make_search, rollout_config
 
     try:
         protocol = get_protocol(opts.protocol)
@@ -124,10 +99,7 @@ def build_warmup_data(opts: WarmupOptions, config: dict[str, Any]) -> Path:
     rows = [QARow(r["id"], r["question"], list(r["golden_answers"])) for r in table.to_pylist()[: opts.limit]]
     if not rows:
         raise ZsearchError(f"{opts.qa}: no questions")
-    search = make_search_backend(opts.search, index_dir=opts.index)
-    cfg = RolloutConfig(topk=opts.topk, max_obs_tokens=opts.max_obs_tokens,
-                        max_context_tokens=opts.max_context_tokens)
-    trajs = teacher_trajectories(rows, load_tokenizer(opts.model), protocol, search, cfg)
+    trajs = teacher_trajectories(rows, load_tokenizer(opts.model), protocol, make_search(opts), rollout_config(opts))
     answered = sum(t.prediction is not None for t in trajs)
     out = Path(opts.out)
     write_artifact([t.to_row() for t in trajs], out, TRAJECTORY, config)

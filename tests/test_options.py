@@ -1,0 +1,115 @@
+"""Every option is declared once (issue 13 §1): each typer option of each command is one
+dataclass field, whose declaration carries its default, help and range; a command passes on
+only the values the user set, so the papers' presets fill in all the rest."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from zsearch_cli.cli import app
+from zsearch_cli.cli_options import _docstrings, range_for
+from zsearch_cli.presets import PRESETS
+
+runner = CliRunner()
+
+
+def _commands():
+    group = typer.main.get_command(app)
+    for info in app.registered_commands:
+        name = info.name or info.callback.__name__.replace("_", "-")
+        yield name, group.commands[name], info.callback.options
+
+
+def test_every_typer_option_maps_to_exactly_one_dataclass_field():
+    seen = 0
+    for name, cmd, options in _commands():
+        params = [p.name for p in cmd.params if p.name not in ("config", "help")]
+        by_param = {}
+        for opt in options.values():
+            assert opt.param not in by_param, f"{name}: --{opt.param} is two fields"
+            by_param[opt.param] = opt
+        assert sorted(params) == sorted(by_param), f"{name}: options without a field or fields without an option"
+        for param in params:
+            opt = by_param[param]
+            owner = opt.owner
+            assert dataclasses.is_dataclass(owner) and opt.name in owner.__dataclass_fields__, (name, param)
+            declared = owner.__dict__.get("__annotations__", {})
+            assert opt.name in declared or opt.name in _docstrings(owner), (name, param, owner)
+            assert opt.help, f"{name} --{param}: its field has no docstring (the help text)"
+            seen += 1
+    assert seen > 300
+
+
+def test_every_numeric_range_is_declared_on_its_field():
+    for name, cmd, options in _commands():
+        for opt in options.values():
+            if opt.annotation in (int, float) or str(opt.annotation) in ("typing.Optional[int]", "typing.Optional[float]"):
+                assert range_for(name, opt.param) is not None, f"{name} --{opt.param}: declare option(range=...)"
+
+
+def _capture_training(monkeypatch) -> list:
+    import zsearch_cli.train.trainer as trainer
+
+    seen: list = []
+    monkeypatch.setattr(trainer, "run_training", lambda cfg, **kw: seen.append(cfg))
+    return seen
+
+
+def test_propose_applies_every_proposer_preset_key_the_user_did_not_set(monkeypatch, tmp_path):
+    import zsearch_cli.stages.propose_train as propose_train
+
+    seen: list = []
+    monkeypatch.setattr(propose_train, "train_proposer", lambda cfg, **kw: seen.append(cfg))
+    preset = {**PRESETS["drzero-proposer"], "lr": 5e-7, "steps": 7, "max_turn_tokens": 300, "topk": 4}
+    monkeypatch.setitem(PRESETS, "drzero-proposer", preset)
+    assert runner.invoke(app, ["propose", "--out", str(tmp_path)]).exit_code == 0
+    cfg = seen[-1]
+    assert {k: getattr(cfg, k) for k in preset} == preset  # all keys, not 4 of 12
+    assert cfg.index == Path("runs/index") and cfg.preset == "drzero-proposer"
+    assert runner.invoke(app, ["propose", "--out", str(tmp_path), "--lr", "1e-5", "--topk", "2"]).exit_code == 0
+    assert (seen[-1].lr, seen[-1].topk, seen[-1].steps) == (1e-5, 2, 7)
+
+
+def test_solve_trains_with_the_tokens_per_turn_of_the_drzero_solve_step(monkeypatch, tmp_path):
+    from zsearch_cli.stages.drzero import DrZeroOptions
+
+    seen = _capture_training(monkeypatch)
+    assert runner.invoke(app, ["solve", "qa.parquet", "--out", str(tmp_path)]).exit_code == 0
+    assert seen[-1].max_turn_tokens == DrZeroOptions().max_turn_tokens == 512
+    assert (seen[-1].train_data, seen[-1].group_size, seen[-1].algo) == ("qa.parquet", 5, "grpo")
+
+
+def test_trl_names_are_aliases_in_yaml_and_flags(monkeypatch, tmp_path):
+    seen = _capture_training(monkeypatch)
+    cfg = tmp_path / "trl.yaml"
+    cfg.write_text("num_generations: 3\nlearning_rate: 2.0e-6\nbeta: 0.01\nepsilon: 0.1\n"
+                   f"output_dir: {tmp_path / 'run'}\n")
+    result = runner.invoke(app, ["train", "--config", str(cfg)])
+    assert result.exit_code == 0, result.output
+    c = seen[-1]
+    assert (c.group_size, c.lr, c.beta, c.clip_eps, c.out) == (3, 2e-6, 0.01, 0.1, tmp_path / "run")
+    assert runner.invoke(app, ["train", "--num-generations", "4", "--learning-rate", "1e-6"]).exit_code == 0
+    assert (seen[-1].group_size, seen[-1].lr) == (4, 1e-6)
+
+
+@pytest.mark.parametrize("command", ["train", "solve", "sft"])
+def test_help_says_batch_sizes_count_prompts_or_examples(command):
+    text = " ".join(runner.invoke(app, [command, "--help"], terminal_width=200).output.split())
+    assert "TRL" in text
+
+
+def test_drzero_defaults_are_the_dr_zero_presets():
+    from zsearch_cli.stages.drzero import DrZeroOptions
+
+    o, p, s = DrZeroOptions(), PRESETS["drzero-proposer"], PRESETS["drzero-solver"]
+    shared = ("topk", "max_turns", "max_turn_tokens", "max_obs_tokens")
+    assert {k: getattr(o, k) for k in shared} == {k: p[k] for k in shared} == {k: s[k] for k in shared}
+    assert (o.proposer_lr, o.proposer_steps, o.proposer_context_tokens, o.batch_size, o.save_every) == \
+        (p["lr"], p["steps"], p["max_context_tokens"], p["batch_size"], p["save_every"])
+    assert (o.solver_lr, o.solver_steps, o.solver_context_tokens, o.group_size) == \
+        (s["lr"], s["steps"], s["max_context_tokens"], s["group_size"])
