@@ -11,6 +11,7 @@ whole, so a cut copy is one line naming it rather than a loader's traceback.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import struct
@@ -69,3 +70,12 @@ def safetensors_problem(path: Path) -> str | None:
     if size < 8 + n + end:
         return f"{path.name} is truncated ({size} bytes, its header needs {8 + n + end})"
     return None
+
+
+def sha256_file(path: Path) -> str:
+    """The hex sha256 of one file's bytes, read in 1 MiB blocks (a weights file may be GBs)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

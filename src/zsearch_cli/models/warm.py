@@ -22,7 +22,6 @@ loads that copy.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shlex
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.files import sha256_file
 
 WARM_ALIAS = "smollm2-warm"
 BASE_ALIAS = "smollm2"
@@ -49,14 +49,6 @@ RECIPE_STEPS = ("index", "warmup-data", "sft")
 def shipped_dir() -> Path:
     """The adapter inside the installed package: ``zsearch_cli/data/adapters/smollm2-warm``."""
     return Path(str(resources.files("zsearch_cli") / "data" / "adapters" / WARM_ALIAS))
-
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def read_manifest(folder: Path | None = None) -> dict[str, Any]:

@@ -23,21 +23,13 @@ from typing import Any
 import torch
 
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.files import safetensors_problem
+from zsearch_cli.files import safetensors_problem, sha256_file
 
 MANIFEST = "zsearch-manifest.json"
 MANIFEST_FORMAT = 1
 KEY_FILE = "checkpoint.key"
 _LEGACY_REQUIRED = ("trainer_state.json", "optimizer.pt", "scheduler.pt", "rng.pt")
 _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _signing_key() -> bytes:
@@ -73,7 +65,7 @@ def write_manifest(folder: Path) -> None:
         if p.is_file() and p.name != MANIFEST:
             entry: dict[str, Any] = {"size": p.stat().st_size}
             if p.suffix == ".pt":
-                entry["sha256"] = _sha256(p)
+                entry["sha256"] = sha256_file(p)
             files[p.relative_to(folder).as_posix()] = entry
     manifest = {"format": MANIFEST_FORMAT, "files": files, "hmac_sha256": _signature(files)}
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
@@ -125,7 +117,7 @@ def trusted_pickle(path: Path) -> bool:
         return False
     entry = manifest["files"].get(path.name) or {}
     signed = hmac.compare_digest(str(manifest.get("hmac_sha256", "")), _signature(manifest["files"]))
-    return signed and entry.get("sha256") == _sha256(path)
+    return signed and entry.get("sha256") == sha256_file(path)
 
 
 def load_pickle(path: Path, *, trusted_objects: bool = False) -> Any:
