@@ -10,7 +10,7 @@ set -euo pipefail
 OUT=${OUT:-runs/demo}
 INDEX=${INDEX:-$OUT/index}
 PORT=${PORT:-8765}
-EVAL_LIMIT=${EVAL_LIMIT:-32}
+EVAL_LIMIT=${EVAL_LIMIT:-}   # empty: the whole bundled test split (72 questions)
 TURN_TOKENS=${TURN_TOKENS:-128}
 # Torch on at most 2 threads: more only adds contention on the 2-core machines this targets.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
@@ -38,10 +38,13 @@ for query, hits in zip(["who discovered polonium", "tallest mountain in the worl
 PY
 
 echo "== 4. the base smollm2 and the warmed agent (smollm2-warm) side by side:"
-echo "   agent method (search, read, answer) on the first $EVAL_LIMIT questions of the bundled test split"
+LIMIT_OPTS=()
+if [ -n "$EVAL_LIMIT" ]; then LIMIT_OPTS=(--limit "$EVAL_LIMIT"); fi
+echo "   agent method (search, read, answer) on ${EVAL_LIMIT:-all 72} questions of the bundled test split"
+echo "   (held out: none is in the train split the warm-up used), $TURN_TOKENS tokens per turn"
 for MODEL in smollm2 smollm2-warm; do
   zsearch eval --model "$MODEL" --method agent --search "http://127.0.0.1:$PORT" \
-    --datasets demo --limit "$EVAL_LIMIT" --max-turn-tokens "$TURN_TOKENS" --out "$OUT/eval/$MODEL"
+    --datasets demo "${LIMIT_OPTS[@]}" --max-turn-tokens "$TURN_TOKENS" --out "$OUT/eval/$MODEL"
 done
 python - "$OUT/eval" <<'PY'
 import sys

@@ -22,7 +22,7 @@ SFT_OPTS=(--model smollm2 --lora-r 16 --lora-alpha 16 --lora-targets q_proj,k_pr
 
 PY=${PYTHON:-python}
 if [[ "${1:-}" == "--print-options" ]]; then
-  "$PY" -m zsearch_cli.models.warm options --index "${INDEX_OPTS[*]}" --warmup-data "${WARMUP_OPTS[*]}" --sft "${SFT_OPTS[*]}"
+  "$PY" -m zsearch_cli.models.warm_recipe options --index "${INDEX_OPTS[*]}" --warmup-data "${WARMUP_OPTS[*]}" --sft "${SFT_OPTS[*]}"
   exit 0
 fi
 
@@ -41,7 +41,7 @@ echo "== 3. LoRA SFT (seeded) -> $OUT/sft"
 zsearch sft "$OUT/trajectories.parquet" --out "$OUT/sft" "${SFT_OPTS[@]}"
 END=$(date +%s)
 echo "== 4. pack the adapter and its manifest -> $DEST"
-"$PY" -m zsearch_cli.models.warm pack --adapter "$OUT/sft/final" --dest "$DEST" \
+"$PY" -m zsearch_cli.models.warm_recipe pack --adapter "$OUT/sft/final" --dest "$DEST" \
   --index-dir "$OUT/index" --train "$TRAIN" --trajectories "$OUT/trajectories.parquet" \
   --wall-s $((END - START)) --threads "$OMP_NUM_THREADS" \
   --index "${INDEX_OPTS[*]}" --warmup-data "${WARMUP_OPTS[*]}" --sft "${SFT_OPTS[*]}"

@@ -181,7 +181,7 @@ def brute_force_topk(scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray
 
 
 def test_top_k_equals_full_sort_with_ties_and_zeros() -> None:
-    from zsearch_cli.retrieval.bm25 import top_k
+    from zsearch_cli.retrieval.topk import top_k
 
     rng = np.random.default_rng(7)
     for trial in range(300):

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.retrieval.bm25 import BLOCK_MAX_FILE, TERM_MAX_FILE, BM25Searcher, top_k
+from zsearch_cli.retrieval.bm25 import BLOCK_MAX_FILE, TERM_MAX_FILE, BM25Searcher
+from zsearch_cli.retrieval.topk import top_k
 from zsearch_cli.retrieval.index import build_index, load_index
 from zsearch_cli.retrieval import maxscore
 from zsearch_cli.retrieval.maxscore import (ImpactIndex, block_pointers, block_upper_bounds, kernel_top_k,

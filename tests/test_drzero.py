@@ -279,7 +279,7 @@ def test_propose_with_the_solver_behind_an_openai_compatible_server(tmp_path, dz
     # The solver answers from a real loopback server that speaks like `vllm serve` (token
     # ids in and out) over the same weights. Greedy decoding makes the two paths comparable:
     # the generated set must be identical to the in-process solver's, answer for answer.
-    from zsearch_cli.models.loading import load_backend
+    from zsearch_cli.models.factory import load_backend
     from zsearch_cli.retrieval.server import serving
 
     from helpers import vllm_style_app

@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.models import loading
+from zsearch_cli.models import factory, loading
 from zsearch_cli.models.base import SamplingParams
 from zsearch_cli.models.hf import HFBackend
-from zsearch_cli.models.loading import apply_chat, load_backend, load_model, load_tokenizer, resolve_model_path
+from zsearch_cli.models.loading import apply_chat, load_model, load_tokenizer, resolve_model_path
+from zsearch_cli.models.factory import load_backend
 from zsearch_cli.models.tiny import SPECIAL_TOKENS
 
 GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0)
@@ -101,7 +102,7 @@ def test_resolve_model_path(tmp_path, monkeypatch, tiny_model_dir):
 
 
 def test_load_backend(tiny_model_dir):
-    backend = load_backend(str(tiny_model_dir), backend="auto" if not loading.vllm_available() else "hf")
+    backend = load_backend(str(tiny_model_dir), backend="auto" if not factory.vllm_available() else "hf")
     assert isinstance(backend, HFBackend)
     with pytest.raises(ZsearchError, match="unknown backend"):
         load_backend(str(tiny_model_dir), backend="tgi")

@@ -76,7 +76,7 @@ def test_a_damaged_install_is_one_line(tmp_path, monkeypatch):
         fh.write(bytes([last[0] ^ 1]))
     monkeypatch.setattr(warm, "shipped_dir", lambda: copy)
     with pytest.raises(ZsearchError, match="not the file its manifest names; reinstall"):
-        warm.warm_adapter_path()
+        warm.warm_adapter_path(base=str(tmp_path), cache=tmp_path / "cache")
 
 
 def _greedy(model, tok, n: int = 12) -> list[int]:

@@ -20,7 +20,6 @@ import ast
 import dataclasses
 import functools
 import inspect
-import math
 import textwrap
 import types
 import typing
@@ -30,53 +29,9 @@ from typing import Any, Callable, Optional
 
 import typer
 
-# ----------------------------------------------------------------------------- numeric ranges
-
-INF = math.inf
-
-
-@dataclass(frozen=True)
-class Range:
-    """The values a numeric option accepts: ``lo``..``hi``, each end closed unless marked
-    open. ``None`` (an unset optional option) always passes; NaN and infinities never do."""
-
-    lo: float = -INF
-    hi: float = INF
-    lo_open: bool = False
-    hi_open: bool = False
-    why: str = ""
-    """Said after the range when the reason is not obvious (e.g. the difficulty reward's n - 1)."""
-
-    def contains(self, value: float) -> bool:
-        if isinstance(value, float) and not math.isfinite(value):
-            return False
-        above = value > self.lo if self.lo_open else value >= self.lo
-        below = value < self.hi if self.hi_open else value <= self.hi
-        return above and below
-
-    def describe(self, why: bool = True) -> str:
-        lo_bound, hi_bound = self.lo != -INF, self.hi != INF
-        lo = f"{'>' if self.lo_open else '>='} {self.lo:g}"
-        hi = f"{'<' if self.hi_open else '<='} {self.hi:g}"
-        text = (f"{lo} and {hi}" if lo_bound and hi_bound else lo if lo_bound else hi if hi_bound
-                else "a finite number")
-        return f"{text} ({self.why})" if self.why and why else text
-
-
-AT_LEAST_0 = Range(0)
-AT_LEAST_1 = Range(1)
-POSITIVE = Range(0, lo_open=True)
-FRACTION = Range(0, 1)
-ANY = Range()
-
-RANGES: dict[str, dict[str, Range]] = {}
-"""command name -> parameter name -> the range its field declares; filled by :func:`command`."""
-
-
-def range_for(command: str, name: str) -> Range | None:
-    """The range parameter ``name`` of ``command`` accepts (None: not a numeric option)."""
-    return RANGES.get(command, {}).get(name)
-
+from zsearch_cli.config import ConfigOption, stage
+from zsearch_cli.ranges import (ANY, AT_LEAST_0, AT_LEAST_1, FRACTION, INF, POSITIVE, RANGES,  # noqa: F401 (declarations import them here)
+                                Range, range_for)
 
 # ----------------------------------------------------------------------------- field declarations
 
@@ -216,8 +171,6 @@ def command(*classes: type, name: str, only: tuple[str, ...] | None = None, excl
     defaults in ``--help`` (the preset applies them; ``given`` never holds them); ``ranges``
     narrows a field's range for this command; ``argument`` (field, name, help) is a field this
     command takes as its required positional argument NAME."""
-    from zsearch_cli.config import ConfigOption, stage
-
     opts = command_options(*classes, only=only, exclude=exclude, defaults=defaults)
     if argument is not None:
         field_name, param, help_text = argument

@@ -48,7 +48,7 @@ def warmup_data(ctx: typer.Context, given: dict) -> None:
     the real results, answer the first gold answer. For small models that do not follow the action format yet (smollm2): a few tens of
     `zsearch sft` steps on this file, then RL. It teaches the format, not the answers.
     """
-    from zsearch_cli.train.warmup import build_warmup_data
+    from zsearch_cli.stages.warmup import build_warmup_data
 
     build_warmup_data(WarmupOptions(**given), resolved_options(ctx))
 

@@ -20,6 +20,7 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from zsearch_cli.errors import ZsearchError, install_log_redaction, one_line
+from zsearch_cli.ranges import ANY, range_for
 
 try:  # recent typer ships its own copy of click
     from typer._click.exceptions import ClickException, NoArgsIsHelpError
@@ -102,8 +103,6 @@ def check_ranges(ctx: Any, values: dict[str, Any]) -> None:
     """Refuse a numeric option outside its declared range (declared on its field,
     :func:`cli_options.option`),
     naming the flag, or the config file and key that set it."""
-    from zsearch_cli.cli_options import range_for
-
     command = ctx.info_name if ctx is not None else ""
     params = {p.name: p for p in ctx.command.params} if ctx is not None else {}
     for name, value in values.items():
@@ -148,8 +147,6 @@ class OneLineErrors(TyperGroup):
 def _show_ranges_in_help(commands: dict[str, Any]) -> None:
     """Append each numeric option's accepted range to its help text, so ``--help`` says
     what the check in :func:`check_ranges` will accept."""
-    from zsearch_cli.cli_options import ANY, range_for
-
     for name, cmd in commands.items():
         for p in getattr(cmd, "params", []):
             rng = range_for(name, p.name) if getattr(p, "help", None) is not None else None

@@ -42,7 +42,7 @@ def vllm_tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def hf_tiny(vllm_tiny_dir: Path) -> Any:
     """The HF backend over the same folder: the reference every engine output is held to."""
-    from zsearch_cli.models.loading import load_backend
+    from zsearch_cli.models.factory import load_backend
 
     return load_backend(str(vllm_tiny_dir), backend="hf", device="cpu", dtype="float32")
 

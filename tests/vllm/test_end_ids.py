@@ -14,7 +14,7 @@ def test_an_end_id_from_the_generation_config_is_eos(vllm_tiny_dir, hf_tiny, tmp
     import json
     import shutil
 
-    from zsearch_cli.models.loading import load_backend
+    from zsearch_cli.models.factory import load_backend
     from zsearch_cli.models.vllm import VLLMBackend
 
     prompts = [hf_tiny.tokenizer.encode("Who wrote the novel?")]

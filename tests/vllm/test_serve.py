@@ -162,7 +162,7 @@ def test_propose_generate_only_with_the_solver_behind_vllm_serve(server, vllm_ti
     # random tiny proposer never passes the format gate, and then the solver is never asked.
     # Under greedy decoding every solver request (prompt ids) and reply (token ids) of the two
     # runs must be the same, and so must the written questions, answers and k.
-    import zsearch_cli.models.loading as loading
+    import zsearch_cli.models.factory as factory
     from zsearch_cli.models.hf import HFBackend
     from zsearch_cli.models.remote import RemoteBackend
     from zsearch_cli.schemas import PROPOSED_QA
@@ -174,13 +174,13 @@ def test_propose_generate_only_with_the_solver_behind_vllm_serve(server, vllm_ti
     assert runner.invoke(app, ["index", "--out", str(index), "--kind", "bm25"]).exit_code == 0
     proposer = tmp_path / "proposer"  # another path: the solver is then loaded on its own
     shutil.copytree(vllm_tiny_dir, proposer)
-    real_load = loading.load_backend
+    real_load = factory.load_backend
 
     def load(name, **kwargs):
         backend = real_load(name, **kwargs)
         return PlayedProposer(backend.tokenizer) if Path(name) == proposer else backend
 
-    monkeypatch.setattr(loading, "load_backend", load)
+    monkeypatch.setattr(factory, "load_backend", load)
     asked: dict[str, list] = {"hf": [], "remote": []}
     for cls, key in ((HFBackend, "hf"), (RemoteBackend, "remote")):
         def recorded(self, prompts, params, stop=(), _real=cls.generate, _key=key):

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.files import mkdtemp_like_mkdir, safetensors_problem
+from zsearch_cli.models.warm import warm_adapter_path
 
 if TYPE_CHECKING:
     import torch
@@ -140,9 +141,7 @@ def resolve_model_path(name: str) -> str:
     hub lookup.
     """
     if name == WARM_ALIAS:  # the shipped LoRA adapter, copied into the cache beside its base
-        from zsearch_cli.models.warm import warm_adapter_path
-
-        return warm_adapter_path()
+        return warm_adapter_path(resolve_model_path(SMOLLM2_ALIAS), cache_dir())
     if name == SMOLLM2_ALIAS:
         target = smollm2_cache_path()
         if not _smollm2_cache_is_current(target):
@@ -341,36 +340,3 @@ def apply_chat(tokenizer: Any, user_text: str, system: str | None = None) -> lis
         return [int(i) for i in ids]
     text = f"{system}\n\n{user_text}" if system else user_text
     return list(tokenizer.encode(text))
-
-
-def vllm_available() -> bool:
-    """vLLM importable and a CUDA device present (checked without importing vLLM)."""
-    import torch
-
-    return importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
-
-
-def load_backend(
-    name_or_path: str,
-    backend: str = "auto",
-    device: str = "auto",
-    dtype: str = "auto",
-    **vllm_kwargs: Any,
-) -> "GenerationBackend":
-    """A generation backend for a model: ``hf``, ``vllm``, or ``auto`` (vLLM when it is
-    installed and CUDA is available, else HF). ``vllm_kwargs`` go to ``vllm.LLM``."""
-    if backend == "auto":
-        backend = "vllm" if vllm_available() else "hf"
-    if backend == "hf":
-        from zsearch_cli.models.hf import HFBackend
-
-        model, tokenizer = load_model(name_or_path, device=device, dtype=dtype)
-        return HFBackend(model, tokenizer)
-    if backend == "vllm":
-        from zsearch_cli.models.vllm import VLLMBackend
-
-        path = resolve_model_path(name_or_path)
-        if is_lora_checkpoint(path):
-            name_or_path = merged_lora_dir(path)
-        return VLLMBackend(name_or_path, dtype=dtype, **vllm_kwargs)
-    raise ZsearchError(f"unknown backend '{backend}': use hf, vllm or auto")

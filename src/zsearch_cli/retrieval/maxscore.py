@@ -43,6 +43,8 @@ import threading
 
 import numpy as np
 
+from zsearch_cli.retrieval.topk import top_k
+
 BLOCK = 128
 """Postings per block-max block (the per-block bounds are ``block_max.npy``)."""
 SMALL = 60_000
@@ -97,8 +99,6 @@ def _compact_exhaustive(q: np.ndarray, k: int, ix: ImpactIndex) -> tuple[np.ndar
     """Exhaustive scoring of the query's lists into a per-thread scratch array that is
     zeroed again only where written (no O(passages) allocation or memset per query):
     ``np.add.at`` in query order is the reference's float32 arithmetic."""
-    from zsearch_cli.retrieval.bm25 import top_k
-
     docs = np.concatenate([ix.indices[ix.indptr[t] : ix.indptr[t + 1]] for t in q])
     vals = np.concatenate([ix.data[ix.indptr[t] : ix.indptr[t + 1]] for t in q])
     scratch = getattr(_local, "scratch", None)

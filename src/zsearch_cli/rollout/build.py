@@ -46,7 +46,7 @@ def build_engine(opts: Any, *, backend: Any = None, search: Any = MAKE, protocol
     if search is MAKE:
         search = make_search(opts)
     if backend is None:
-        from zsearch_cli.models.loading import load_backend
+        from zsearch_cli.models.factory import load_backend
 
         backend = load_backend(opts.model, backend=opts.backend, device=opts.device)
     return RolloutEngine(backend, PROTOCOLS[name](), search, rollout_config(opts, **overrides))

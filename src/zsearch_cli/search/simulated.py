@@ -139,7 +139,7 @@ class SimulatedSearch(SearchBackend):
             self.name = f"sim+{self.client.base_url}:{cfg.mode}"
         else:
             if generator is None:
-                from zsearch_cli.models.loading import load_backend
+                from zsearch_cli.models.factory import load_backend
 
                 self.generator = load_backend(target, backend=cfg.backend, device=cfg.device, dtype=cfg.dtype)
             self.name = f"sim:{target}:{cfg.mode}"

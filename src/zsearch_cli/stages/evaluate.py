@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-import pyarrow as pa
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -38,7 +37,7 @@ from zsearch_cli.options import EvalOptions
 from zsearch_cli.prompts.baselines import COT_PROMPT, DIRECT_PROMPT, RAG_PROMPT
 from zsearch_cli.protocol import METRIC_VERSION, RESUME_FIELDS, Protocol, build_protocol, differing, file_fingerprint
 from zsearch_cli.rewards import score_answer
-from zsearch_cli.rollout.trajectory import Trajectory
+from zsearch_cli.scoring import example_rows, summarize
 from zsearch_cli.schemas import (
     EVAL_EXAMPLE,
     EVAL_SUMMARY,
@@ -112,46 +111,6 @@ def dataset_dir(out: Path, key: str) -> Path:
     if not Path(os.path.abspath(path)).is_relative_to(Path(os.path.abspath(out))):  # defensive: cannot happen
         raise ZsearchError(f"dataset key {key!r} would be written outside --out {out}")
     return path
-
-
-def _example_rows(dataset: str, method: str, trajs: Sequence[Trajectory]) -> list[dict[str, Any]]:
-    """EVAL_EXAMPLE rows: the answer the engine parsed, scored (the same field training rewards)."""
-    rows = []
-    for t in trajs:
-        scores = score_answer(t.prediction, t.golden_answers)
-        rows.append({
-            "dataset": dataset, "method": method, "id": t.row_id, "question": t.question,
-            "golden_answers": t.golden_answers, "prediction": t.prediction,
-            "em": scores["em"], "f1": scores["f1"], "subem": scores["subem"],
-            "searches": t.num_searches, "turns": t.num_turns, "tokens": t.response_tokens,
-            "finish_reason": t.finish_reason, "trajectory": t.response_text, "turn_log": t.to_row()["turns"],
-        })
-    return rows
-
-
-def summarize(examples: pa.Table, dataset: str, method: str, model: str, missing: int = 0) -> dict[str, Any]:
-    d = examples.to_pydict()
-    n = len(d["id"])
-    mean = lambda xs: float(sum(xs) / n) if n else 0.0  # noqa: E731
-    return {
-        "dataset": dataset, "method": method, "model": model, "n": n, "missing": missing,
-        "em": mean(d["em"]), "f1": mean(d["f1"]), "subem": mean(d["subem"]),
-        "answered": mean([p is not None for p in d["prediction"]]),
-        "avg_searches": mean(d["searches"]), "avg_turns": mean(d["turns"]), "avg_tokens": mean(d["tokens"]),
-    }
-
-
-def evaluate_engine(engine: Any, rows: Sequence[Any], dataset: str, model: str, batch_size: int,
-                    method: str = "agent") -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-    """Score ``rows`` (QARows) with a ready engine, one sample each, as ``zsearch eval`` does:
-    the EVAL_EXAMPLE rows and their EVAL_SUMMARY row (None without rows). For a model that is
-    already in memory: validation during ``zsearch train`` runs the policy being trained."""
-    examples: list[dict[str, Any]] = []
-    for start in range(0, len(rows), batch_size):
-        examples += _example_rows(dataset, method, engine.rollout(rows[start : start + batch_size], group_size=1))
-    if not examples:
-        return examples, None
-    return examples, summarize(rows_to_table(examples, EVAL_EXAMPLE, Path(dataset)), dataset, method, model)
 
 
 def _build_engine(opts: EvalOptions):
@@ -241,7 +200,7 @@ def evaluate(opts: EvalOptions, config: dict[str, Any]) -> list[dict[str, Any]]:
                 batch = todo[start : start + opts.batch_size]
                 _single_turn_prompts(opts.method, batch, search, opts.topk)
                 trajs = engine.rollout(batch, group_size=1, on_row_done=lambda n: bar.advance(task, n))
-                done_rows += _example_rows(name, opts.method, trajs)
+                done_rows += example_rows(name, opts.method, trajs)
                 # after every batch: resumable
                 write_artifact(done_rows, out_examples, EVAL_EXAMPLE, config, protocol.as_dict())
         # The summary is of exactly the rows asked for now (an earlier, larger --limit may
@@ -331,7 +290,7 @@ def print_summaries(summaries: Sequence[dict[str, Any]], protocols: Sequence[Pro
         n = f"{s['n']}" + ("" if s.get("full_set", True) else f" (--limit {s.get('limit')})")
         table.add_row(s["dataset"], s["method"], n, str(s.get("missing", 0)), f"{s['em']:.3f}", f"{s['f1']:.3f}",
                       f"{s['subem']:.3f}", f"{s['answered']:.2f}", f"{s['avg_searches']:.2f}", f"{s['avg_turns']:.2f}")
-    stdout = Console(soft_wrap=True)
+    stdout = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 140)  # a log: 140, not 80, columns
     stdout.print(table)
     lines = []
     for p in protocols:

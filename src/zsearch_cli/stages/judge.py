@@ -53,7 +53,8 @@ def endpoint_judge(opts: JudgeOptions) -> JudgeFn:
 def local_judge(opts: JudgeOptions) -> JudgeFn:
     """Greedy generation with a local model, the prompt wrapped in its chat template."""
     from zsearch_cli.models.base import SamplingParams
-    from zsearch_cli.models.loading import apply_chat, load_backend
+    from zsearch_cli.models.loading import apply_chat
+    from zsearch_cli.models.factory import load_backend
 
     backend = load_backend(opts.judge_model, backend=opts.backend, device=opts.device)
     tokenizer = backend.tokenizer

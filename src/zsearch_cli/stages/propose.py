@@ -158,12 +158,25 @@ def best_of(trajs: Sequence[Trajectory], prompts: Sequence[ProposerPrompt], m: i
 # ----------------------------------------------------------------------------- generate-only
 
 
+def solver_backend(solver_model: str, solver_url: str | None, *, backend: str, device: str,
+                   dtype: str = "auto") -> Any:
+    """The solver's generation backend: an OpenAI-compatible server at ``solver_url``
+    (``solver_model`` then only names its tokenizer), else its own in-process model copy."""
+    from zsearch_cli.models.loading import load_tokenizer
+    from zsearch_cli.models.factory import load_backend
+
+    if solver_url:
+        from zsearch_cli.models.remote import RemoteBackend
+
+        return RemoteBackend(solver_url, load_tokenizer(solver_model))
+    return load_backend(solver_model, backend=backend, device=device, dtype=dtype)
+
+
 def make_engines(opts: Any) -> tuple[RolloutEngine, RolloutEngine, Any]:
     """(proposer engine, solver engine, index) sharing one search backend; the solver
     shares the proposer's weights when it is the same model."""
     from zsearch_cli.retrieval.index import load_index
     from zsearch_cli.rollout.build import build_engine
-    from zsearch_cli.stages.propose_train import solver_backend
 
     index = load_index(opts.index)
     proposer = build_engine(opts, protocol="tool_call")

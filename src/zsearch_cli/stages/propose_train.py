@@ -43,6 +43,7 @@ from zsearch_cli.stages.propose import (
     parse_hop_ratio,
     proposer_prompts,
     score_proposals,
+    solver_backend,
 )
 
 STAGE_FILE = "proposer.json"
@@ -122,19 +123,6 @@ class ProposerReward:
                     "proposed_answer": s["answer"], "solver_answers": list(s["solver_answers"])} for s in scored]
         return BatchRewards(rewards=[float(s["reward"]) for s in scored], group_keys=[int(s["hops"]) for s in scored],
                             metrics=proposer_metrics(scored, self.n_solver), columns=columns)
-
-
-def solver_backend(solver_model: str, solver_url: str | None, *, backend: str, device: str,
-                   dtype: str = "auto") -> Any:
-    """The solver's generation backend: an OpenAI-compatible server at ``solver_url``
-    (``solver_model`` then only names its tokenizer), else its own in-process model copy."""
-    from zsearch_cli.models.loading import load_backend, load_tokenizer
-
-    if solver_url:
-        from zsearch_cli.models.remote import RemoteBackend
-
-        return RemoteBackend(solver_url, load_tokenizer(solver_model))
-    return load_backend(solver_model, backend=backend, device=device, dtype=dtype)
 
 
 def solver_engine(solver_model: str, cfg: Any, search: Any, device: str, solver_url: str | None = None) -> RolloutEngine:

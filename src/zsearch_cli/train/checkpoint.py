@@ -57,6 +57,7 @@ import random
 import re
 import shutil
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -64,6 +65,7 @@ import numpy as np
 import torch
 
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.train.distributed import distribution
 from zsearch_cli.train.integrity import (MANIFEST, _first_line, checkpoint_problem, load_pickle,  # noqa: F401
                                          trusted_pickle, write_manifest)
 
@@ -167,28 +169,6 @@ def atomic_dir(target: Path, write: Any) -> Path:
 # ---------------------------------------------------------------- distributed state
 
 
-def distribution(acc: Any) -> str:
-    """How the prepared models hold their state: ``replicated`` (one process, or DDP: every
-    process has all of it), ``fsdp`` or ``deepspeed`` (sharded over the processes)."""
-    kind = str(getattr(acc.distributed_type, "value", acc.distributed_type)).upper()
-    if kind == "FSDP":
-        return "fsdp"
-    if kind == "DEEPSPEED":
-        return "deepspeed"
-    return "replicated"
-
-
-def check_sharded_saving(acc: Any) -> None:
-    """Refuse at start, not at the first checkpoint, a ZeRO-3 setup whose weights cannot be
-    gathered for saving (accelerate's ``get_state_dict`` needs the 16-bit gather)."""
-    if distribution(acc) != "deepspeed":
-        return
-    zero = acc.state.deepspeed_plugin.deepspeed_config.get("zero_optimization", {})
-    if zero.get("stage") == 3 and not zero.get("stage3_gather_16bit_weights_on_model_save"):
-        raise ZsearchError("DeepSpeed ZeRO-3 without zero3_save_16bit_model: true (stage3_gather_16bit_weights_"
-                           "on_model_save) cannot save the model; set it in the accelerate config")
-
-
 def full_model_state(acc: Any, model: Any) -> dict[str, torch.Tensor] | None:
     """The whole model's state dict on the main process, None on the others. A collective
     under FSDP and ZeRO-3 (the shards are gathered): call it on every process."""
@@ -286,38 +266,58 @@ def restore_process_state(acc: Any, path: Path, state: dict[str, Any], data: Any
 # ---------------------------------------------------------------- save / load
 
 
-def _gather(trainer: Any) -> dict[str, Any]:
+@dataclass
+class TrainingState:
+    """What a checkpoint saves and restores of a run: the models and their optimizers and
+    schedulers (critic ones only for PPO), the data cursor, the config and the metrics so
+    far. The trainer hands over this, not itself: the checkpoint code sees no rollout,
+    search or loss."""
+
+    accelerator: Any
+    cfg: Any  # TrainConfig
+    policy: Any
+    tokenizer: Any
+    optimizer: Any
+    scheduler: Any
+    data: Any  # the prompt cursor (train/data.py: TrainData)
+    metrics: list[dict[str, Any]]
+    critic: Any = None
+    critic_optimizer: Any = None
+    critic_scheduler: Any = None
+
+
+def _gather(ts: TrainingState) -> dict[str, Any]:
     """Everything a checkpoint holds that lives in (possibly sharded) models: on every
     process, in the same order (the gathers are collectives); None on non-main processes."""
     from zsearch_cli.train.models import trainable_state
 
-    acc = trainer.accelerator
+    acc = ts.accelerator
     parts: dict[str, Any] = {
-        "policy": full_model_state(acc, trainer.policy),
-        "optimizer": full_optimizer_state(acc, trainer.policy, trainer.optimizer),
-        "ranks": process_states(acc, trainer.data),
+        "policy": full_model_state(acc, ts.policy),
+        "optimizer": full_optimizer_state(acc, ts.policy, ts.optimizer),
+        "ranks": process_states(acc, ts.data),
     }
-    if trainer.critic is not None:
-        critic = full_model_state(acc, trainer.critic)
-        parts["critic"] = trainable_state(acc.unwrap_model(trainer.critic), critic) if critic is not None else None
-        parts["critic_optimizer"] = full_optimizer_state(acc, trainer.critic, trainer.critic_optimizer)
+    if ts.critic is not None:
+        critic = full_model_state(acc, ts.critic)
+        parts["critic"] = trainable_state(acc.unwrap_model(ts.critic), critic) if critic is not None else None
+        parts["critic_optimizer"] = full_optimizer_state(acc, ts.critic, ts.critic_optimizer)
     return parts
 
 
-def _write(trainer: Any, parts: dict[str, Any], completed: int, tmp: Path) -> None:
+def _write(ts: TrainingState, parts: dict[str, Any], completed: int, tmp: Path) -> None:
     """The main process's half of :func:`save_checkpoint`: files into ``tmp``."""
     from safetensors.torch import save_file
 
     from zsearch_cli.train.models import save_policy
 
-    acc = trainer.accelerator
-    save_policy(acc.unwrap_model(trainer.policy), trainer.tokenizer, tmp, trainer.cfg.model, parts["policy"])
+    acc = ts.accelerator
+    save_policy(acc.unwrap_model(ts.policy), ts.tokenizer, tmp, ts.cfg.model, parts["policy"])
     torch.save(parts["optimizer"], tmp / "optimizer.pt")
-    torch.save(trainer.scheduler.state_dict(), tmp / "scheduler.pt")
-    if trainer.critic is not None:
+    torch.save(ts.scheduler.state_dict(), tmp / "scheduler.pt")
+    if ts.critic is not None:
         save_file(parts["critic"], str(tmp / "critic.safetensors"))
         torch.save(parts["critic_optimizer"], tmp / "critic_optimizer.pt")
-        torch.save(trainer.critic_scheduler.state_dict(), tmp / "critic_scheduler.pt")
+        torch.save(ts.critic_scheduler.state_dict(), tmp / "critic_scheduler.pt")
     main = parts["ranks"][0]
     torch.save(main["torch_rng"], tmp / "rng.pt")
     if len(parts["ranks"]) > 1:
@@ -326,29 +326,29 @@ def _write(trainer: Any, parts: dict[str, Any], completed: int, tmp: Path) -> No
         "step": completed,
         "data": main["data"],
         "rng": main["rng"],
-        "sampling": {"seed": trainer.cfg.seed, "next_step": completed},
-        "config": trainer.cfg.to_dict(),
+        "sampling": {"seed": ts.cfg.seed, "next_step": completed},
+        "config": ts.cfg.to_dict(),
         "distribution": distribution(acc),
         "num_processes": acc.num_processes,
         "metrics_format": METRICS_FORMAT,
-        "metrics": trainer.metrics.rows,
+        "metrics": ts.metrics,
     }
     (tmp / STATE_FILE).write_text(json.dumps(state, default=str) + "\n")
 
 
-def save_checkpoint(trainer: Any, completed: int) -> Path:
-    """Write OUT/checkpoints/step-``completed`` for ``trainer`` and prune old ones. Call it
+def save_checkpoint(ts: TrainingState, completed: int) -> Path:
+    """Write OUT/checkpoints/step-``completed`` of the run ``ts`` and prune old ones. Call it
     on every process: all gather, the main process writes, all return once it exists."""
-    acc = trainer.accelerator
-    out = Path(trainer.cfg.out)
+    acc = ts.accelerator
+    out = Path(ts.cfg.out)
     root = out / "checkpoints"
     path = root / f"step-{completed}"
-    parts = _gather(trainer)
+    parts = _gather(ts)
     if acc.is_main_process:
         for stale in root.glob(".step-*.tmp-*") if root.is_dir() else []:
             shutil.rmtree(stale, ignore_errors=True)  # left by a process killed mid-save
-        atomic_dir(path, lambda tmp: _write(trainer, parts, completed, tmp))
-        for _, old in checkpoints(out)[: -trainer.cfg.keep_checkpoints]:
+        atomic_dir(path, lambda tmp: _write(ts, parts, completed, tmp))
+        for _, old in checkpoints(out)[: -ts.cfg.keep_checkpoints]:
             shutil.rmtree(old, ignore_errors=True)
     acc.wait_for_everyone()  # no process goes on (or reads the folder) before it is complete
     return path
@@ -378,18 +378,18 @@ def check_resumable(path: Path, acc: Any) -> None:
                            f"has {acc.num_processes}: launch it with {processes}")
 
 
-def load_training_state(trainer: Any, path: Path) -> dict[str, Any]:
+def load_training_state(ts: TrainingState, path: Path, note: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Restore optimizer(s), scheduler(s), RNGs and the data cursor(s) from ``path`` on every
     process (the policy and critic weights were loaded from it before ``prepare``); returns
-    the trainer state dict."""
+    the saved state dict. ``note`` (main process) hears what could not be restored exactly."""
     state = read_state(path)
-    acc = trainer.accelerator
-    load_optimizer_state(acc, trainer.policy, trainer.optimizer, path / "optimizer.pt")
-    trainer.scheduler.load_state_dict(load_pickle(path / "scheduler.pt"))
-    if trainer.critic is not None:
-        load_optimizer_state(acc, trainer.critic, trainer.critic_optimizer, path / "critic_optimizer.pt")
-        trainer.critic_scheduler.load_state_dict(load_pickle(path / "critic_scheduler.pt"))
-    note = restore_process_state(acc, path, state, trainer.data)
-    if note and acc.is_main_process:
-        trainer.console.print(f"[yellow]{note}[/]", soft_wrap=True)
+    acc = ts.accelerator
+    load_optimizer_state(acc, ts.policy, ts.optimizer, path / "optimizer.pt")
+    ts.scheduler.load_state_dict(load_pickle(path / "scheduler.pt"))
+    if ts.critic is not None:
+        load_optimizer_state(acc, ts.critic, ts.critic_optimizer, path / "critic_optimizer.pt")
+        ts.critic_scheduler.load_state_dict(load_pickle(path / "critic_scheduler.pt"))
+    message = restore_process_state(acc, path, state, ts.data)
+    if message and note is not None and acc.is_main_process:
+        note(message)
     return state

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional
 
 from zsearch_cli.cli_options import ANY, AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, Range, Record, option, uses

@@ -22,6 +22,7 @@ from zsearch_cli.errors import ZsearchError
 from zsearch_cli.models.loading import ALIASES, load_model, resolve_model_path
 from zsearch_cli.models.warm import BASE_FILE
 from zsearch_cli.train.config import TrainConfig
+from zsearch_cli.train.distributed import distribution
 
 
 def is_peft(model: Any) -> bool:
@@ -246,8 +247,6 @@ def generation_copy(cfg: TrainConfig, accelerator: Any, resume_dir: Path | None)
 def sync_generation_copy(accelerator: Any, policy: Any, copy: Any) -> None:
     """Load the sharded ``policy``'s current weights into ``copy`` on every process (a
     collective: call it on all)."""
-    from zsearch_cli.train.checkpoint import distribution
-
     if distribution(accelerator) == "deepspeed":
         import deepspeed
 

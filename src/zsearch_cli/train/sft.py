@@ -39,7 +39,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.protocol import differing
-from zsearch_cli.train.checkpoint import (METRICS_FORMAT, STATE_FILE, atomic_dir, check_sharded_saving, checkpoints,
+from zsearch_cli.train.distributed import check_sharded_saving
+from zsearch_cli.train.checkpoint import (METRICS_FORMAT, STATE_FILE, atomic_dir, checkpoints,
                                           full_model_state, full_optimizer_state, latest_checkpoint,
                                           load_optimizer_state, load_pickle, read_state, rng_state,
                                           set_rng_state)

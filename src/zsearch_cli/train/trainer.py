@@ -32,9 +32,10 @@ from zsearch_cli.errors import ZsearchError
 from zsearch_cli.models.base import logp_tolerance
 from zsearch_cli.protocol import differing
 from zsearch_cli.search.base import SearchBackend
-from zsearch_cli.train.checkpoint import (atomic_dir, check_resumable, check_sharded_saving, distribution,
+from zsearch_cli.train.distributed import check_sharded_saving, distribution
+from zsearch_cli.train.checkpoint import (atomic_dir, check_resumable,
                                           full_model_state, latest_checkpoint, load_training_state, read_state,
-                                          save_checkpoint)
+                                          save_checkpoint, TrainingState)
 from zsearch_cli.train.collect import BatchRewardFn, RewardFn, Sample, collect
 from zsearch_cli.train.config import TrainConfig, check_config, check_even_shards, get_spec, resolve_config, resolved_dict, search_options
 from zsearch_cli.train.data import TrainData, load_rows
@@ -118,7 +119,8 @@ class Trainer:
                                   self.accelerator.is_main_process)
         self.start_step = 0
         if resume_dir is not None:
-            state = load_training_state(self, resume_dir)
+            state = load_training_state(self.training_state(), resume_dir,
+                                        note=lambda text: self.console.print(f"[yellow]{text}[/]", soft_wrap=True))
             self.start_step = int(state["step"])
             self.metrics.restore(state["metrics"])
             if self.accelerator.is_main_process:
@@ -202,7 +204,7 @@ class Trainer:
         return latest
 
     def _generation_backend(self, resume_dir: Path | None) -> tuple[Any, bool]:
-        from zsearch_cli.models.loading import vllm_available
+        from zsearch_cli.models.factory import vllm_available
 
         kind = self.cfg.backend
         if kind == "auto":
@@ -366,10 +368,15 @@ class Trainer:
         write_artifact(rows, Path(self.cfg.out) / "rollouts" / f"step-{step:06d}{suffix}.parquet", ROLLOUT,
                        self.cfg.to_dict())
 
+    def training_state(self) -> TrainingState:
+        """What a checkpoint saves and restores (train/checkpoint.py)."""
+        return TrainingState(self.accelerator, self.cfg, self.policy, self.tokenizer, self.optimizer, self.scheduler,
+                             self.data, self.metrics.rows, self.critic, self.critic_optimizer, self.critic_scheduler)
+
     def checkpoint(self, completed: int) -> Path:
         """Save OUT/checkpoints/step-``completed`` and the Parquet metrics. Every process calls
         it (FSDP / ZeRO-3 shards are gathered); the main process writes."""
-        path = save_checkpoint(self, completed)
+        path = save_checkpoint(self.training_state(), completed)
         if self.accelerator.is_main_process:
             self.metrics.write_parquet()
         return path

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from zsearch_cli.scoring import evaluate_engine
 from zsearch_cli.rollout.engine import QARow
 from zsearch_cli.train.config import TrainConfig, validation_search
 from zsearch_cli.train.data import load_rows
@@ -76,8 +77,6 @@ class Validator:
         """Validate the policy as it is after ``step``; each process takes its slice of the
         questions and the sums are added up, so every process returns the same means."""
         t0 = time.perf_counter()
-        from zsearch_cli.stages.evaluate import evaluate_engine
-
         acc = self.accelerator
         rank, world = (acc.process_index, acc.num_processes) if acc is not None else (0, 1)
         self.search.progress(step - 1, self.cfg.steps)
