@@ -69,7 +69,7 @@ def setup(root: Path, args: Any) -> tuple[Path, Path, Path]:
     from zsearch_cli.rollout.protocols import ToolCallProtocol
     from zsearch_cli.schemas import TRAJECTORY, write_artifact
     from zsearch_cli.search.factory import make_search_backend
-    from zsearch_cli.stages.propose import proposer_prompts
+    from zsearch_cli.commands.propose import proposer_prompts
     from zsearch_cli.train.sft import SFTConfig, run_sft
 
     index = build_index(None, root / "index", options={"kind": "bm25"})
@@ -94,7 +94,7 @@ def measure(mode: str, algo: str, group: int, n: int, args: Any, index: Path, ba
     from zsearch_cli.models.loading import load_tokenizer
     from zsearch_cli.retrieval.index import load_index
     from zsearch_cli.search.factory import make_search_backend
-    from zsearch_cli.stages.propose_train import ProposerData, ProposerReward, solver_engine
+    from zsearch_cli.commands.propose_train import ProposerData, ProposerReward, solver_engine
     from zsearch_cli.train.config import TrainConfig
     from zsearch_cli.train.trainer import Trainer
 

@@ -78,7 +78,7 @@ def _worker(argv: list[str]) -> None:
     import torch
 
     import zsearch_cli.train.checkpoint as checkpoint
-    import zsearch_cli.train.collect as collect
+    import zsearch_cli.train.step_samples as step_samples
     import zsearch_cli.train.trainer as trainer
     from zsearch_cli.cli import app
 
@@ -87,7 +87,7 @@ def _worker(argv: list[str]) -> None:
     out = Path(argv[argv.index("--out") + 1])
     rank = int(os.environ.get("RANK", "0"))
     # the model's text length: differs within every group
-    collect.trajectory_reward = lambda prediction, turns, *args, **kwargs: len("".join(turns)) / 1000
+    step_samples.trajectory_reward = lambda prediction, turns, *args, **kwargs: len("".join(turns)) / 1000
     atomic_dir = checkpoint.atomic_dir
 
     def logged_atomic_dir(target: Path, write: Any) -> Path:
@@ -118,15 +118,15 @@ def _update_worker(out: Path, model_dir: str, algo: str, batch_size: int) -> Non
     """One launched process (or the only one): the update of ``train/update.py`` on a fixed
     batch, no rollout. The B prompts × 2 samples, their token ids, loss masks (of unequal
     lengths, so PPO's token counts differ between the processes) and rewards are the same
-    in every launch; a process keeps prompts rank::world, as ``train/collect.py`` shares
+    in every launch; a process keeps prompts rank::world, as ``train/step_samples.py`` shares
     them. Its weights after one update go to OUT/update.rankN.safetensors."""
     import torch
     from accelerate import Accelerator
     from safetensors.torch import save_file
 
     from zsearch_cli.train.config import TrainConfig, algo_config, check_even_shards, get_spec, resolve_config
-    from zsearch_cli.train.models import load_critic, load_policy
-    from zsearch_cli.train.collect import Sample
+    from zsearch_cli.train.policy import load_critic, load_policy
+    from zsearch_cli.train.step_samples import Sample
     from zsearch_cli.train.update import StepModels, advantages, optimize, rollout_tensors, step_batch
 
     from helpers import make_trajectory

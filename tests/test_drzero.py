@@ -25,8 +25,8 @@ from zsearch_cli.cli import app
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.rollout.engine import QARow
 from zsearch_cli.schemas import METRICS, PROPOSED_QA, ROLLOUT, TRAJECTORY, read_artifact, read_metadata, write_artifact
-from zsearch_cli.stages.drzero import iteration_seeds
-from zsearch_cli.train.collect import BatchRewards
+from zsearch_cli.commands.drzero import iteration_seeds
+from zsearch_cli.train.step_samples import BatchRewards
 
 from helpers import PlayedProposer, RecordingSearch, make_trajectory
 
@@ -78,7 +78,7 @@ def warm(dz) -> Path:
     from zsearch_cli.rollout.engine import RolloutConfig, RolloutEngine
     from zsearch_cli.rollout.protocols import ToolCallProtocol
     from zsearch_cli.search.factory import make_search_backend
-    from zsearch_cli.stages.propose import proposer_prompts
+    from zsearch_cli.commands.propose import proposer_prompts
 
     tok = load_tokenizer(str(dz.model))
     index = load_index(dz.index)
@@ -101,7 +101,7 @@ def warm(dz) -> Path:
 
 def test_advantages_group_by_the_batch_rewards_keys_not_the_prompt():
     from zsearch_cli.algos import ALGOS, HRPOConfig
-    from zsearch_cli.train.collect import Sample
+    from zsearch_cli.train.step_samples import Sample
     from zsearch_cli.train.update import advantages, step_batch
 
     def samples(keys: list[Any]) -> list[Sample]:

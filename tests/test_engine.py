@@ -215,7 +215,7 @@ def test_a_literal_observation_tag_written_by_the_policy_does_not_hide_its_answe
     # it, so the answer vanished and the reward was 0. The score must read the model's
     # turns as the engine recorded them: answer "Paris", EM 1.
     from zsearch_cli.rewards import extract_answer, is_well_formed
-    from zsearch_cli.train.collect import Sample, score
+    from zsearch_cli.train.step_samples import Sample, score
 
     tok = tiny_backend.tokenizer
     q = "Q-capital?"

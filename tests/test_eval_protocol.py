@@ -13,7 +13,7 @@ from zsearch_cli.cli import app
 from zsearch_cli.protocol import METRIC_VERSION, PROTOCOL_FIELDS, training_protocol
 from zsearch_cli.rewards import score_answer
 from zsearch_cli.schemas import EVAL_EXAMPLE, EVAL_SUMMARY, METRICS, PROTOCOL_COLUMNS, read_artifact, read_metadata
-from zsearch_cli.stages.evaluate import dataset_dir
+from zsearch_cli.commands.evaluate import dataset_dir
 
 runner = CliRunner()
 
@@ -245,7 +245,7 @@ def test_metric_definition_matches_its_version():
 
 def test_train_and_eval_share_one_resume_rule():
     from zsearch_cli.protocol import differing
-    from zsearch_cli.stages import evaluate
+    from zsearch_cli.commands import evaluate
     from zsearch_cli.train import sft, trainer
 
     # every key of `now` that differs and may not change is named, old -> new; a key the saved

@@ -92,7 +92,7 @@ def test_serpapi_key_is_not_in_errors():
 
 def test_cli_errors_and_log_lines_are_redacted(monkeypatch, caplog, capsys):
     monkeypatch.setenv("SERPAPI_API_KEY", KEY)
-    from zsearch_cli.config import stage
+    from zsearch_cli.cli_base import stage
 
     @stage
     def failing() -> None:

@@ -4,8 +4,8 @@ A loop hidden inside a function still couples two modules both ways: neither can
 understood, moved or tested alone, and the import order decides which half is
 half-initialised. The graph is read from the source with ``ast`` (no import runs), so
 every ``import`` counts wherever it sits, except under ``if TYPE_CHECKING:``, which never
-runs. Two levels are checked: modules (``zsearch_cli.train.models``) and packages
-(``zsearch_cli.train``, or a top-level module such as ``zsearch_cli.config``); the package
+runs. Two levels are checked: modules (``zsearch_cli.train.policy``) and packages
+(``zsearch_cli.train``, or a top-level module such as ``zsearch_cli.cli_base``); the package
 level also catches an upward import such as ``train`` reaching into ``stages``.
 """
 
@@ -113,7 +113,7 @@ def test_the_graph_sees_deferred_imports():
     # checkpoint saves the policy through train.models, inside a function: the graph must
     # hold that edge, or a loop through it would go unseen
     graph = import_graph()
-    assert "zsearch_cli.train.models" in graph["zsearch_cli.train.checkpoint"]
+    assert "zsearch_cli.train.policy" in graph["zsearch_cli.train.checkpoint"]
     assert "zsearch_cli.models.hf" in graph["zsearch_cli.models.factory"]
 
 

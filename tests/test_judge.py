@@ -18,7 +18,7 @@ from zsearch_cli.errors import ZsearchError
 from zsearch_cli.llm_client import LLMClient
 from zsearch_cli.prompts.judge import build_judge_prompt, parse_verdict
 from zsearch_cli.schemas import COLLECTED_QUERY, JUDGMENT, read_artifact, read_metadata, write_artifact
-from zsearch_cli.stages.judge import balance, label_counts
+from zsearch_cli.commands.judge import balance, label_counts
 
 runner = CliRunner()
 

@@ -61,7 +61,7 @@ def _capture_training(monkeypatch) -> list:
 
 
 def test_propose_applies_every_proposer_preset_key_the_user_did_not_set(monkeypatch, tmp_path):
-    import zsearch_cli.stages.propose_train as propose_train
+    import zsearch_cli.commands.propose_train as propose_train
 
     seen: list = []
     monkeypatch.setattr(propose_train, "train_proposer", lambda cfg, **kw: seen.append(cfg))
@@ -76,7 +76,7 @@ def test_propose_applies_every_proposer_preset_key_the_user_did_not_set(monkeypa
 
 
 def test_solve_trains_with_the_tokens_per_turn_of_the_drzero_solve_step(monkeypatch, tmp_path):
-    from zsearch_cli.stages.drzero import DrZeroOptions
+    from zsearch_cli.commands.drzero import DrZeroOptions
 
     seen = _capture_training(monkeypatch)
     assert runner.invoke(app, ["solve", "qa.parquet", "--out", str(tmp_path)]).exit_code == 0
@@ -104,7 +104,7 @@ def test_help_says_batch_sizes_count_prompts_or_examples(command):
 
 
 def test_drzero_defaults_are_the_dr_zero_presets():
-    from zsearch_cli.stages.drzero import DrZeroOptions
+    from zsearch_cli.commands.drzero import DrZeroOptions
 
     o, p, s = DrZeroOptions(), PRESETS["drzero-proposer"], PRESETS["drzero-solver"]
     shared = ("topk", "max_turns", "max_turn_tokens", "max_obs_tokens")

@@ -12,7 +12,7 @@ from zsearch_cli.errors import ZsearchError
 from zsearch_cli.retrieval.base import Passage
 from zsearch_cli.rollout.engine import RolloutConfig, RolloutEngine
 from zsearch_cli.rollout.protocols import ToolCallProtocol
-from zsearch_cli.stages.propose import (
+from zsearch_cli.commands.propose import (
     ProposerPrompt,
     best_of,
     draw_hops,

@@ -136,7 +136,7 @@ def _length_reward(prediction, turns, *args, **kwargs) -> float:
 
 
 if __name__ == "__main__":  # a `zsearch train` process started by the tests above
-    import zsearch_cli.train.collect as collect
+    import zsearch_cli.train.step_samples as collect
     from zsearch_cli.cli import app
 
     collect.trajectory_reward = _length_reward

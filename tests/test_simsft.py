@@ -19,7 +19,7 @@ from zsearch_cli.schemas import JUDGMENT, SFT_EXAMPLE, read_artifact, write_arti
 from zsearch_cli.search.base import SearchRequest
 from zsearch_cli.search.sim_text import parse_documents
 from zsearch_cli.search.simulated import SimConfig, SimulatedSearch
-from zsearch_cli.stages.simsft import build_example, build_sft_set, flatten_document
+from zsearch_cli.commands.simsft import build_example, build_sft_set, flatten_document
 from zsearch_cli.train.sft_data import load_sft_items
 
 runner = CliRunner()

@@ -179,13 +179,13 @@ class FakeEngine:
 
 
 def _data(n: int, batch: int):
-    from zsearch_cli.train.data import TrainData
+    from zsearch_cli.train.sampler import PromptSampler
 
-    return TrainData([QARow(f"q{i}", f"question {i}?", ["yes"]) for i in range(n)], batch, seed=0)
+    return PromptSampler([QARow(f"q{i}", f"question {i}?", ["yes"]) for i in range(n)], batch, seed=0)
 
 
 def _collect(engine, data, shard=(0, 1), all_counts=None, **cfg):
-    from zsearch_cli.train.collect import collect
+    from zsearch_cli.train.step_samples import collect
     from zsearch_cli.train.config import get_spec
 
     tc = TrainConfig(algo="dspo", group_size=2, batch_size=data.batch_size, reward="subem", **cfg)
@@ -269,7 +269,7 @@ def test_a_micro_batch_is_an_index_slice_of_the_steps_padded_batch():
     """update.py pads the step once; each micro-batch's forward must still see exactly the
     tensors its samples would get padded alone (same widths, same keep_from), or the
     numerics of an update would change with the other samples of its step."""
-    from zsearch_cli.train.collect import Sample
+    from zsearch_cli.train.step_samples import Sample
     from zsearch_cli.train.logprobs import collate
     from zsearch_cli.train.update import step_batch
 

@@ -123,7 +123,7 @@ def test_a_lora_trained_from_the_alias_loads_with_peft_and_without_its_cache(
     from peft import AutoPeftModelForCausalLM, LoraConfig, get_peft_model
 
     from zsearch_cli.models.loading import load_model
-    from zsearch_cli.train.models import save_policy
+    from zsearch_cli.train.policy import save_policy
 
     base, tok = smollm2_model_and_tokenizer
     fresh, _ = load_model("smollm2", device="cpu")

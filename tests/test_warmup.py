@@ -13,7 +13,7 @@ from zsearch_cli.retrieval.base import Passage
 from zsearch_cli.rollout.engine import QARow, RolloutConfig
 from zsearch_cli.rollout.protocols import TagsProtocol, ToolCallProtocol
 from zsearch_cli.schemas import TRAJECTORY, read_artifact, read_metadata
-from zsearch_cli.stages.warmup import teacher_trajectories
+from zsearch_cli.commands.warmup import teacher_trajectories
 
 from helpers import RecordingSearch
 

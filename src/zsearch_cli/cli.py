@@ -9,7 +9,7 @@ import typer
 
 from zsearch_cli import __version__, cli_drzero, cli_train
 from zsearch_cli.cli_options import command
-from zsearch_cli.config import OneLineErrors, resolved_options
+from zsearch_cli.cli_base import OneLineErrors, resolved_options
 from zsearch_cli.options import (CollectOptions, EvalOptions, IndexOptions, JudgeOptions, QueryOptions, ServeOptions,
                                  ShowOptions)
 
@@ -56,7 +56,7 @@ def index(ctx: typer.Context, given: dict) -> None:
 @command(ShowOptions, name="show", config_file=False)
 def show(ctx: typer.Context, given: dict) -> None:
     """Print trajectories turn by turn: reasoning, queries, retrieved titles, answer, gold, reward."""
-    from zsearch_cli.stages.show import show as show_trajectories
+    from zsearch_cli.commands.show import show as show_trajectories
 
     opts = ShowOptions(**given)
     show_trajectories(opts.file, opts.ids or (), opts.where, opts.limit)
@@ -100,7 +100,7 @@ def serve(ctx: typer.Context, given: dict) -> None:
 @command(EvalOptions, name="eval")
 def eval_(ctx: typer.Context, given: dict) -> None:
     """Evaluate a model (EM, F1, subEM) per dataset, or score a predictions file."""
-    from zsearch_cli.stages.evaluate import evaluate, score_predictions
+    from zsearch_cli.commands.evaluate import evaluate, score_predictions
 
     opts, options = EvalOptions(**given), resolved_options(ctx)
     if opts.predictions is not None:
@@ -124,7 +124,7 @@ app.command()(cli_drzero.drzero)
 @command(CollectOptions, name="collect")
 def collect(ctx: typer.Context, given: dict) -> None:
     """Collect agent trajectories against a real search engine and their query-document rows."""
-    from zsearch_cli.stages.collect import collect as run_collect
+    from zsearch_cli.commands.collect import collect as run_collect
 
     run_collect(CollectOptions(**given), resolved_options(ctx))
 
@@ -133,7 +133,7 @@ def collect(ctx: typer.Context, given: dict) -> None:
 @command(JudgeOptions, name="judge")
 def judge(ctx: typer.Context, given: dict) -> None:
     """Label each collected query's documents useful or noisy with an LLM judge (ZeroSearch §3.3)."""
-    from zsearch_cli.stages.judge import judge as run_judge
+    from zsearch_cli.commands.judge import judge as run_judge
 
     run_judge(JudgeOptions(**given), resolved_options(ctx))
 

@@ -2,7 +2,7 @@
 
 Kept apart from ``cli.py`` only for length; ``cli.py`` registers them on the one app. Like
 every command they are generated from their option dataclasses (``cli_options.command``)
-and call library functions (``stages/propose*.py``, ``stages/drzero.py``, the trainer).
+and call library functions (``commands/propose*.py``, ``commands/drzero.py``, the trainer).
 ``propose`` and ``solve`` pass on only the values the user set: their presets
 (drzero-proposer, drzero-solver) fill in the rest, and ``--help`` shows the preset's values.
 """
@@ -14,10 +14,10 @@ from pathlib import Path
 import typer
 
 from zsearch_cli.cli_options import Range, build, command
-from zsearch_cli.config import resolved_options
+from zsearch_cli.cli_base import resolved_options
 from zsearch_cli.options import GenerateOptions
 from zsearch_cli.presets import PRESETS, apply_preset
-from zsearch_cli.stages.drzero import DrZeroOptions
+from zsearch_cli.commands.drzero import DrZeroOptions
 from zsearch_cli.train.config import TrainConfig
 
 PROPOSE_TRAINING = ("model", "out", "steps", "seed", "batch_size", "lr", "warmup_ratio", "max_grad_norm",
@@ -59,12 +59,12 @@ def propose(ctx: typer.Context, given: dict) -> None:
     given = {**PROPOSE_DEFAULTS, **given}
     out = given.pop("out", None)
     if given.pop("generate_only", False):
-        from zsearch_cli.stages.propose import generate_questions
+        from zsearch_cli.commands.propose import generate_questions
 
         opts = build(GenerateOptions, apply_preset("drzero-proposer", given, set(given)))
         generate_questions(opts, out or Path("runs/propose/questions.parquet"), resolved_options(ctx))
         return
-    from zsearch_cli.stages.propose_train import train_proposer
+    from zsearch_cli.commands.propose_train import train_proposer
 
     proposer = build(GenerateOptions, given)
     cfg = TrainConfig.from_preset("drzero-proposer", **{k: v for k, v in given.items() if k in PROPOSE_TRAINING},
@@ -99,7 +99,7 @@ def drzero(ctx: typer.Context, given: dict) -> None:
     """
     from transformers.utils import logging as hf_logging
 
-    from zsearch_cli.stages.drzero import run_drzero
+    from zsearch_cli.commands.drzero import run_drzero
 
     hf_logging.disable_progress_bar()
     run_drzero(DrZeroOptions(**given), resolved_options(ctx))

@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from zsearch_cli.config import ConfigOption, stage
+from zsearch_cli.cli_base import ConfigOption, one_line_errors
 from zsearch_cli.ranges import (ANY, AT_LEAST_0, AT_LEAST_1, FRACTION, INF, POSITIVE, RANGES,  # noqa: F401 (declarations import them here)
                                 Range, range_for)
 
@@ -208,7 +208,7 @@ def command(*classes: type, name: str, only: tuple[str, ...] | None = None, excl
         callback.__doc__ = run.__doc__
         callback.__module__ = run.__module__
         callback.options = opts  # type: ignore[attr-defined]
-        return stage(callback)
+        return one_line_errors(callback)
 
     return decorate
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import typer
 
 from zsearch_cli.cli_options import command, project
-from zsearch_cli.config import resolved_options
+from zsearch_cli.cli_base import resolved_options
 from zsearch_cli.options import PlotOptions, WarmupOptions
 from zsearch_cli.train.config import TrainConfig
 from zsearch_cli.train.sft_config import SFTConfig, SimSFTOptions
@@ -48,7 +48,7 @@ def warmup_data(ctx: typer.Context, given: dict) -> None:
     the real results, answer the first gold answer. For small models that do not follow the action format yet (smollm2): a few tens of
     `zsearch sft` steps on this file, then RL. It teaches the format, not the answers.
     """
-    from zsearch_cli.stages.warmup import build_warmup_data
+    from zsearch_cli.commands.warmup import build_warmup_data
 
     build_warmup_data(WarmupOptions(**given), resolved_options(ctx))
 
@@ -77,7 +77,7 @@ def simsft(ctx: typer.Context, given: dict) -> None:
     without a chat template, as `--search sim:OUT/final` sends it (or `vllm serve OUT/final`
     and `--search sim+http://HOST:PORT/v1`).
     """
-    from zsearch_cli.stages.simsft import simsft as run_simsft
+    from zsearch_cli.commands.simsft import simsft as run_simsft
 
     o = SimSFTOptions(**given)
     run_simsft(o.judgments, project(o, SFTConfig), resolved_options(ctx), balance=o.balance, titles=o.titles,

@@ -1,7 +1,7 @@
 """Scoring answered questions as ``zsearch eval`` does: per-example EM / F1 / subEM rows
 (EVAL_EXAMPLE), their summary (EVAL_SUMMARY), and :func:`evaluate_engine` for a model
 already in memory. Beside ``rewards.py`` (the answer metrics themselves) so that both
-``stages/evaluate.py`` and the trainer's validation (``train/validation.py``) use it
+``commands/evaluate.py`` and the trainer's validation (``train/validation.py``) use it
 without the trainer importing a command."""
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ def _worker(argv: list[str]) -> None:
     """One launched process: the `zsearch` CLI with a length reward and a record of its engine."""
     import torch
 
-    import zsearch_cli.train.collect as collect
+    import zsearch_cli.train.step_samples as collect
     import zsearch_cli.train.trainer as trainer
     from zsearch_cli.cli import app as cli_app
 

@@ -134,7 +134,7 @@ def _assert_engine_is(engine, model, tokenizer, prompts, what):
 def test_update_weights_full_and_lora_make_the_engine_the_updated_model(engine, vllm_tiny_dir, prompts):
     from peft import LoraConfig, get_peft_model
 
-    from zsearch_cli.train.models import merged_weights
+    from zsearch_cli.train.policy import merged_weights
 
     model, tokenizer = _hf_copy(vllm_tiny_dir)
     before = [o.token_ids for o in engine.generate(prompts, GREEDY)]

@@ -8,7 +8,7 @@ text fields are for humans and for parsing, never re-tokenized. The answer is pa
 the engine (``prediction``): rewards, validation and eval all read it.
 
 A trajectory is the engine's record and is not changed afterwards: what training adds
-(reward, group key, kept, advantage) lives in :class:`~zsearch_cli.train.collect.Sample`.
+(reward, group key, kept, advantage) lives in :class:`~zsearch_cli.train.step_samples.Sample`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """RL training for search agents: one loop (``Trainer``) for every ``--algo``.
 
 ``TrainConfig`` holds the options, ``Trainer(cfg).train()`` runs them; ``presets`` fills in
-the papers' settings. Modules: config, data, collect (rollout/reward/filter), logprobs,
-update (advantages + optimization), optim, models, checkpoint, metrics.
+the papers' settings. Modules: config, sampler (prompt order), step_samples
+(rollout/reward/filter), logprobs, update (advantages + optimization), optim, policy
+(policy, reference, critic), distributed, checkpoint, metrics, validation.
 """
 
 from zsearch_cli.train.config import TrainConfig, check_config

@@ -279,7 +279,7 @@ class TrainingState:
     tokenizer: Any
     optimizer: Any
     scheduler: Any
-    data: Any  # the prompt cursor (train/data.py: TrainData)
+    data: Any  # the prompt cursor (train/sampler.py: PromptSampler)
     metrics: list[dict[str, Any]]
     critic: Any = None
     critic_optimizer: Any = None
@@ -289,7 +289,7 @@ class TrainingState:
 def _gather(ts: TrainingState) -> dict[str, Any]:
     """Everything a checkpoint holds that lives in (possibly sharded) models: on every
     process, in the same order (the gathers are collectives); None on non-main processes."""
-    from zsearch_cli.train.models import trainable_state
+    from zsearch_cli.train.policy import trainable_state
 
     acc = ts.accelerator
     parts: dict[str, Any] = {
@@ -308,7 +308,7 @@ def _write(ts: TrainingState, parts: dict[str, Any], completed: int, tmp: Path) 
     """The main process's half of :func:`save_checkpoint`: files into ``tmp``."""
     from safetensors.torch import save_file
 
-    from zsearch_cli.train.models import save_policy
+    from zsearch_cli.train.policy import save_policy
 
     acc = ts.accelerator
     save_policy(acc.unwrap_model(ts.policy), ts.tokenizer, tmp, ts.cfg.model, parts["policy"])

@@ -16,7 +16,7 @@ from zsearch_cli.protocol import Protocol, training_protocol
 from zsearch_cli.schemas import METRIC_COLUMNS, METRICS, read_artifact, write_artifact
 
 if TYPE_CHECKING:  # `zsearch plot` reads metrics without importing torch
-    from zsearch_cli.train.collect import Collected
+    from zsearch_cli.train.step_samples import StepSamples
 
 PLOTTED = ("rollout/reward_mean", "rollout/em", "rollout/f1", "actor/kl_ref", "actor/entropy", "actor/clipfrac",
            "actor/grad_norm", "actor/lr", "rollout/response_length", "rollout/searches", "filter/kept_frac",
@@ -29,7 +29,7 @@ def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
-def step_metrics(step: int, collected: Collected, update: dict[str, float] | None,
+def step_metrics(step: int, collected: StepSamples, update: dict[str, float] | None,
                  extra: dict[str, Any]) -> dict[str, Any]:
     """One METRICS row from what the step collected, the update's statistics (already named
     ``actor/…`` and ``critic/…``) and ``extra`` (lr, timings, search and batch-reward

@@ -45,7 +45,7 @@ from zsearch_cli.train.checkpoint import (METRICS_FORMAT, STATE_FILE, atomic_dir
                                           load_optimizer_state, load_pickle, read_state, rng_state,
                                           set_rng_state)
 from zsearch_cli.train.metrics import MetricsLog
-from zsearch_cli.train.models import load_policy, save_policy
+from zsearch_cli.train.policy import load_policy, save_policy
 from zsearch_cli.train.optim import make_optimizer
 from zsearch_cli.train.sft_config import SFTConfig
 from zsearch_cli.train.sft_data import IGNORE, SFTItem, StepOrder, collate, load_sft_items, split_eval

@@ -146,7 +146,7 @@ def run_toy(algo: str, model: Path, rows: list[Any], out: Path, search: OracleSe
     """STEPS seeded RL steps of ``algo`` (with its ALGOS overrides, then ``overrides``) from
     ``model``; writes OUT (metrics.parquet, for ``zsearch plot``) and returns the metric rows."""
     from zsearch_cli.train import TrainConfig
-    from zsearch_cli.train.data import TrainData
+    from zsearch_cli.train.sampler import PromptSampler
     from zsearch_cli.train.trainer import Trainer
 
     options = dict(algo=algo, model=str(model), out=out, steps=STEPS, batch_size=8, group_size=4,
@@ -154,7 +154,7 @@ def run_toy(algo: str, model: Path, rows: list[Any], out: Path, search: OracleSe
                    save_every=0, device="cpu", seed=0)
     cfg = TrainConfig(**{**options, **ALGOS[algo], **overrides})
     # The rows carry their own short prompt, which a QA file cannot: hand them over as data.
-    trainer = Trainer(cfg, search=search, data=TrainData(rows, cfg.batch_size, cfg.seed))
+    trainer = Trainer(cfg, search=search, data=PromptSampler(rows, cfg.batch_size, cfg.seed))
     trainer.train()
     return trainer.metrics.rows
 

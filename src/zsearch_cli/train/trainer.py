@@ -36,11 +36,11 @@ from zsearch_cli.train.distributed import check_sharded_saving, distribution
 from zsearch_cli.train.checkpoint import (atomic_dir, check_resumable,
                                           full_model_state, latest_checkpoint, load_training_state, read_state,
                                           save_checkpoint, TrainingState)
-from zsearch_cli.train.collect import BatchRewardFn, RewardFn, Sample, collect
+from zsearch_cli.train.step_samples import BatchRewardFn, RewardFn, Sample, sample_step
 from zsearch_cli.train.config import TrainConfig, check_config, check_even_shards, get_spec, resolve_config, resolved_dict, search_options
-from zsearch_cli.train.data import TrainData, load_rows
+from zsearch_cli.train.sampler import PromptSampler, load_rows
 from zsearch_cli.train.metrics import MetricsLog, console_line, step_metrics
-from zsearch_cli.train.models import (generation_copy, load_critic, load_policy, load_reference,
+from zsearch_cli.train.policy import (generation_copy, load_critic, load_policy, load_reference,
                                       merged_weights, save_policy, sync_generation_copy, unsharded_loading)
 from zsearch_cli.train.optim import make_optimizer
 from zsearch_cli.train.update import (StepModels, advantages, optimize, rollout_tensors, sample_advantages,
@@ -64,7 +64,7 @@ class Trainer:
     Stages that generate their own prompts and score whole batches (``zsearch propose``:
     HRPO on the Dr. Zero proposer) pass ``data`` — anything with ``next_batch()``,
     ``batch_size``, ``state()`` and ``load_state()``, checkpointed like the QA cursor — and
-    ``batch_reward_fn`` (see :data:`~zsearch_cli.train.collect.BatchRewardFn`), which also
+    ``batch_reward_fn`` (see :data:`~zsearch_cli.train.step_samples.BatchRewardFn`), which also
     supplies the group keys of an algorithm whose groups are not prompts
     (``AlgoSpec.batch_reward``)."""
 
@@ -82,7 +82,7 @@ class Trainer:
         self.console = console or Console(stderr=True)
         self.accelerator = self._accelerator()
         resume_dir = self._resume_point()
-        self.data = data if data is not None else TrainData(load_rows(cfg.train_data), cfg.batch_size, cfg.seed)
+        self.data = data if data is not None else PromptSampler(load_rows(cfg.train_data), cfg.batch_size, cfg.seed)
         self.validator = Validator.from_config(cfg)  # reads --val-data now, before any model loads
         random.seed(cfg.seed)
         np.random.seed(cfg.seed)
@@ -307,7 +307,7 @@ class Trainer:
         done = step - 1  # steps before this one: what the curriculum and the seeds count
         self.search.progress(done, cfg.steps)  # the simulator's noise curriculum reads it
         acc = self.accelerator
-        collected = collect(self.engine, self.data, self.spec, self.acfg, step, group_size=cfg.group_size,
+        collected = sample_step(self.engine, self.data, self.spec, self.acfg, step, group_size=cfg.group_size,
                             metric=cfg.reward,
                             protocol=cfg.protocol, format_bonus=cfg.format_bonus, reward_fn=self.reward_fn,
                             shard=(acc.process_index, acc.num_processes), batch_reward_fn=self.batch_reward_fn,

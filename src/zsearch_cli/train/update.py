@@ -29,10 +29,10 @@ from torch import Tensor
 
 from zsearch_cli.algos import AlgoConfig, AlgoSpec
 from zsearch_cli.train.logprobs import Batch, collate, critic_forward, pad_rows, policy_forward
-from zsearch_cli.train.models import reference_mode
+from zsearch_cli.train.policy import reference_mode
 
 if TYPE_CHECKING:
-    from zsearch_cli.train.collect import Sample
+    from zsearch_cli.train.step_samples import Sample
     from zsearch_cli.train.config import TrainConfig
 
 

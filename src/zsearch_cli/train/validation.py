@@ -25,7 +25,7 @@ import torch
 from zsearch_cli.scoring import evaluate_engine
 from zsearch_cli.rollout.engine import QARow
 from zsearch_cli.train.config import TrainConfig, validation_search
-from zsearch_cli.train.data import load_rows
+from zsearch_cli.train.sampler import load_rows
 
 SCORES = ("em", "f1", "subem")
 

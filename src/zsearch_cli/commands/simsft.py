@@ -108,7 +108,7 @@ def build_sft_set(rows: Sequence[dict[str, Any]], *, balance: bool = False, seed
         else:
             usable.append((row, example))
     if balance:
-        from zsearch_cli.stages.judge import balance as balance_rows
+        from zsearch_cli.commands.judge import balance as balance_rows
 
         keep = {r["id"] for r in balance_rows([r for r, _ in usable], seed)}
         skipped["balanced away"] += len(usable) - len(keep)

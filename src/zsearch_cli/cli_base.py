@@ -181,7 +181,7 @@ def resolved_options(ctx: typer.Context) -> dict[str, Any]:
     return {k: (str(v) if isinstance(v, Path) else v) for k, v in ctx.params.items() if k != "config"}
 
 
-def stage(fn: Callable[..., Any]) -> Callable[..., Any]:
+def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap a CLI command: its numeric options are checked against their ranges first, and
     a :class:`ZsearchError` becomes one red line and exit code 2."""
 

@@ -9,7 +9,7 @@ Not a second trainer: the one RL loop (:class:`~zsearch_cli.train.trainer.Traine
   resumed run sees exactly the prompts the uninterrupted one would have.
 - :class:`ProposerReward` is the trainer's batch reward: every question that passes the
   integrity gate is answered n times by the **frozen** solver in one batched rollout
-  (:func:`~zsearch_cli.stages.propose.score_proposals`), giving
+  (:func:`~zsearch_cli.commands.propose.score_proposals`), giving
   r = I(0<k<n)(n−k)/(n−1) + r_f; it returns each trajectory's hop count as its group key
   (what HRPO groups the advantages by) and the proposer's columns for the saved rollouts.
 
@@ -35,8 +35,8 @@ from zsearch_cli.errors import ZsearchError
 from zsearch_cli.rewards import difficulty_reward
 from zsearch_cli.rollout.engine import QARow, RolloutEngine
 from zsearch_cli.rollout.trajectory import Trajectory
-from zsearch_cli.train.collect import BatchRewards
-from zsearch_cli.stages.propose import (
+from zsearch_cli.train.step_samples import BatchRewards
+from zsearch_cli.commands.propose import (
     HOPS,
     SOURCE_TOKENS,
     ProposerPrompt,
@@ -46,7 +46,7 @@ from zsearch_cli.stages.propose import (
     solver_backend,
 )
 
-STAGE_FILE = "proposer.json"
+RUN_FILE = "proposer.json"
 """OUT/proposer.json: the proposer-run options the trainer's config does not hold (solver,
 n, hop ratio); a ``--resume`` with different values is refused, as the trainer does for its own."""
 
@@ -134,8 +134,8 @@ def solver_engine(solver_model: str, cfg: Any, search: Any, device: str, solver_
     return build_engine(cfg, backend=backend, search=search, protocol="tool_call", seed=cfg.seed + 1)
 
 
-def _check_stage_file(out: Path, options: dict[str, Any], resume: bool) -> None:
-    path = out / STAGE_FILE
+def _check_run_file(out: Path, options: dict[str, Any], resume: bool) -> None:
+    path = out / RUN_FILE
     if not (resume and path.is_file()):
         return
     saved = json.loads(path.read_text())
@@ -145,11 +145,11 @@ def _check_stage_file(out: Path, options: dict[str, Any], resume: bool) -> None:
                            "pass the same options or choose another --out")
 
 
-def _write_stage_file(out: Path, options: dict[str, Any]) -> None:
+def _write_run_file(out: Path, options: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / f".{STAGE_FILE}.tmp"
+    tmp = out / f".{RUN_FILE}.tmp"
     tmp.write_text(json.dumps(options, indent=2) + "\n")
-    os.replace(tmp, out / STAGE_FILE)
+    os.replace(tmp, out / RUN_FILE)
 
 
 def train_proposer(cfg: Any, *, solver_model: str | None = None, solver_url: str | None = None,
@@ -168,16 +168,16 @@ def train_proposer(cfg: Any, *, solver_model: str | None = None, solver_url: str
     if cfg.algo != "hrpo" or cfg.protocol != "tool_call":
         raise ZsearchError(f"proposer training runs --algo hrpo with the tool_call protocol, got "
                            f"--algo {cfg.algo} --protocol {cfg.protocol}")
-    stage = {"solver_model": solver_model or cfg.model, "solver_url": solver_url or None,
+    proposer_run = {"solver_model": solver_model or cfg.model, "solver_url": solver_url or None,
              "solver_samples": solver_samples, "hop_ratio": hop_ratio}
-    _check_stage_file(Path(cfg.out), stage, cfg.resume)
+    _check_run_file(Path(cfg.out), proposer_run, cfg.resume)
     index_dir = cfg.index or Path("runs/index")
     data = ProposerData(load_index(index_dir), cfg.batch_size, hop_ratio, cfg.seed, load_tokenizer(cfg.model))
     reward = ProposerReward(data, solver_samples)
     search = make_search_backend(cfg.search, index_dir=index_dir)
     trainer = Trainer(cfg, search=search, data=data, batch_reward_fn=reward, console=console)
-    reward.solver = solver_engine(stage["solver_model"], cfg, search, str(trainer.accelerator.device),
-                                  solver_url=stage["solver_url"])
+    reward.solver = solver_engine(proposer_run["solver_model"], cfg, search, str(trainer.accelerator.device),
+                                  solver_url=proposer_run["solver_url"])
     if trainer.accelerator.is_main_process:
-        _write_stage_file(Path(cfg.out), stage)
+        _write_run_file(Path(cfg.out), proposer_run)
     return trainer.train()

@@ -41,7 +41,7 @@ def load_rows(spec: str | None) -> list[QARow]:
     return rows
 
 
-class TrainData:
+class PromptSampler:
     """Draws batches of B prompts in a seeded, epoch-wise shuffled order."""
 
     def __init__(self, rows: list[QARow], batch_size: int, seed: int):

@@ -20,7 +20,7 @@ from zsearch_cli.algos import AlgoConfig, AlgoSpec
 from zsearch_cli.rewards import score_answer, trajectory_reward
 from zsearch_cli.rollout.engine import RolloutEngine
 from zsearch_cli.rollout.trajectory import Trajectory
-from zsearch_cli.train.data import TrainData
+from zsearch_cli.train.sampler import PromptSampler
 
 RewardFn = Callable[[Trajectory], float]
 """Optional override of the training reward, one trajectory at a time (e.g. a stage with its
@@ -78,7 +78,7 @@ class Sample:
 
 
 @dataclass
-class Collected:
+class StepSamples:
     samples: list[Sample]
     """Every trajectory generated this step, scored; ``kept`` says which are trained on."""
     gen_batches: int = 1
@@ -127,9 +127,9 @@ def _apply_batch_rewards(samples: list[Sample], result: BatchRewards) -> None:
             s.columns = dict(result.columns[i])
 
 
-def collect(
+def sample_step(
     engine: RolloutEngine,
-    data: TrainData,
+    data: PromptSampler,
     spec: AlgoSpec,
     acfg: AlgoConfig,
     step: int,
@@ -142,7 +142,7 @@ def collect(
     shard: tuple[int, int] = (0, 1),
     batch_reward_fn: BatchRewardFn | None = None,
     all_counts: Callable[[int], list[int]] | None = None,
-) -> Collected:
+) -> StepSamples:
     """Generate, score and (DSPO) filter the batch of ``step`` (1-based; generation batch g
     samples with the engine step (step − 1)·budget + g, so every batch has its own seeds and
     group ids). ``shard`` = (rank, world): each process rolls out its slice of every batch;
@@ -160,7 +160,7 @@ def collect(
     rank, world = shard
     budget = acfg.max_gen_batches if spec.filter_groups else 1
     target = -(-data.batch_size // world)  # groups this process must keep
-    out = Collected(samples=[])
+    out = StepSamples(samples=[])
     kept_groups: list[Hashable] = []
     weights: dict[str, float] = {}  # batch-reward metrics: trajectories behind each sum
     gen = 0

@@ -2,7 +2,7 @@
 
 Each iteration i runs four sub-steps, every one an existing stage called as a library:
 
-1. **propose**: train the proposer with HRPO (:func:`~zsearch_cli.stages.propose_train.train_proposer`),
+1. **propose**: train the proposer with HRPO (:func:`~zsearch_cli.commands.propose_train.train_proposer`),
    starting from iteration i−1's proposer, with the *current* solver frozen as the reward;
 2. **generate**: write a PROPOSED_QA set with the new proposer (``propose --generate-only``);
 3. **solve**: train the solver with GRPO on that set (``zsearch solve`` = ``train`` with the
@@ -194,7 +194,7 @@ class Loop:
                     backend=o.backend, device=o.device, dtype=o.dtype)
 
     def propose(self, rec: dict[str, Any]) -> dict[str, Any]:
-        from zsearch_cli.stages.propose_train import train_proposer
+        from zsearch_cli.commands.propose_train import train_proposer
         from zsearch_cli.train.config import TrainConfig
 
         if not Path(rec["checkpoint"]).is_dir():  # final/ exists = that run completed
@@ -209,7 +209,7 @@ class Loop:
 
     def generate(self, rec: dict[str, Any]) -> dict[str, Any]:
         from zsearch_cli.schemas import PROPOSED_QA, read_artifact
-        from zsearch_cli.stages.propose import GenerateOptions, generate_questions
+        from zsearch_cli.commands.propose import GenerateOptions, generate_questions
 
         o = self.opts
         if not Path(rec["data"]).is_file():  # written atomically once complete
@@ -239,7 +239,7 @@ class Loop:
         return {}
 
     def evaluate(self, rec: dict[str, Any]) -> dict[str, Any]:
-        from zsearch_cli.stages.evaluate import EvalOptions, evaluate
+        from zsearch_cli.commands.evaluate import EvalOptions, evaluate
 
         o = self.opts
         summaries = evaluate(EvalOptions(
@@ -295,7 +295,7 @@ class Loop:
 
 def check_options(opts: DrZeroOptions) -> None:
     """Every invalid value as one line, before anything heavy loads."""
-    from zsearch_cli.stages.propose import parse_hop_ratio
+    from zsearch_cli.commands.propose import parse_hop_ratio
 
     for name in ("iterations", "proposer_steps", "solver_steps", "questions_per_iteration", "samples", "batch_size",
                  "solver_batch_size"):

@@ -1,1 +1,0 @@
-"""Stage modules: read inputs, call the library, validate and write outputs."""
