@@ -597,7 +597,8 @@ def test_table_and_paper_defaults():
     r = ReinforceConfig()
     assert (r.baseline, r.clip_eps_low, r.beta) == ("none", 0.2, 0.001)
     p = ALGOS["ppo"].config_cls()
-    assert (p.gamma, p.lam, p.critic_lr, p.cliprange_value) == (1.0, 1.0, 1e-5, 0.5)
+    assert (p.gamma, p.lam, p.cliprange_value) == (1.0, 1.0, 0.5)
+    assert not hasattr(p, "critic_lr") and not hasattr(p, "lr")  # optimizer settings are the trainer's
     assert (p.beta, p.clip_eps_low, p.clip_eps_high, p.whiten_advantages) == (0.001, 0.2, 0.2, False)
     s = GSPOConfig()
     assert (s.clip_eps_low, s.clip_eps_high) == (3e-4, 4e-4)

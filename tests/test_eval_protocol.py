@@ -252,3 +252,23 @@ def test_train_and_eval_share_one_resume_rule():
     # run lacks counts as differing (None -> value)
     assert differing({"a": 1, "b": 2}, {"a": 1, "b": 3, "c": 4, "d": 5}, {"c"}) == ["b=2->3", "d=None->5"]
     assert trainer.differing is sft.differing is evaluate.differing is differing
+
+
+def test_the_first_run_on_a_machine_names_the_default_models_revision(tmp_path, tiny_model_dir, monkeypatch):
+    # On a fresh cache the smollm2 folder did not exist yet when the protocol was computed,
+    # so the first eval recorded model 'smollm2' with no revision, and every later run (cache
+    # built) a revision: two protocols for one model. The dequantization is replaced by a
+    # copy of the tiny model here; what matters is that naming the model builds the cache.
+    import shutil
+
+    from zsearch_cli.models import loading
+    from zsearch_cli.protocol import model_identity
+
+    monkeypatch.setenv("ZSEARCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(loading, "_materialize_smollm2", lambda target: shutil.copytree(tiny_model_dir, target))
+    first = model_identity("smollm2")
+    assert first[1] is not None and first[1].startswith("sha256s:")
+    assert model_identity("smollm2") == first
+    # the warm adapter names the same base revision, whichever comes first
+    base, revision, adapter = model_identity("smollm2-warm")
+    assert (base, revision) == ("smollm2", first[1]) and adapter.startswith("smollm2-warm@")

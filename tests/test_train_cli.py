@@ -125,7 +125,7 @@ def test_metadata_holds_the_resolved_config_and_the_algorithms_reward(tmp_path, 
     assert (config["lr"], config["beta"], config["group_size"]) == (1e-6, 0.0, 2)
     assert (config["clip_eps_low"], config["clip_eps_high"], config["clip_eps"]) == (3e-4, 4e-4, None)
     assert config["max_gen_batches"] == 1 and config["mini_batch_size"] == 4
-    assert config["critic_lr"] is None  # DSPO has no critic: nothing to resolve
+    assert config["critic_lr"] == 1e-5  # a trainer setting (unused without a critic), not a loss field
 
 
 @pytest.mark.parametrize("algo,reward", [("grpo", "em"), ("ppo", "em"), ("reinforce", "f1"), ("dspo", "subem"),

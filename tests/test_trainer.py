@@ -119,7 +119,7 @@ def test_presets_fill_only_what_the_user_did_not_set():
     cfg = TrainConfig.from_preset("search-r1")
     acfg = algo_config(cfg)
     assert (cfg.algo, cfg.reward, cfg.topk, cfg.max_turns, cfg.steps) == ("ppo", "em", 3, 4, 500)
-    assert (cfg.lr, acfg.critic_lr, acfg.beta, acfg.clip_eps_low, cfg.group_size) == (1e-6, 1e-5, 0.001, 0.2, 1)
+    assert (cfg.lr, cfg.critic_lr, acfg.beta, acfg.clip_eps_low, cfg.group_size) == (1e-6, 1e-5, 0.001, 0.2, 1)
     assert TrainConfig.from_preset("search-r1", algo="grpo").group_size == 5  # the GRPO option
     z = TrainConfig.from_preset("zerosearch", lr=5e-6)
     assert (z.algo, z.reward, z.group_size, z.topk, z.max_turns, z.steps, z.lr) == ("reinforce", "f1", 5, 5, 5, 200, 5e-6)
@@ -185,11 +185,11 @@ def _data(n: int, batch: int):
 
 
 def _collect(engine, data, shard=(0, 1), all_counts=None, **cfg):
-    from zsearch_cli.train.step_samples import collect
+    from zsearch_cli.train.step_samples import sample_step
     from zsearch_cli.train.config import get_spec
 
     tc = TrainConfig(algo="dspo", group_size=2, batch_size=data.batch_size, reward="subem", **cfg)
-    return collect(engine, data, get_spec("dspo"), algo_config(tc), step=3, group_size=tc.group_size,
+    return sample_step(engine, data, get_spec("dspo"), algo_config(tc), step=3, group_size=tc.group_size,
                    metric="subem", protocol="tags",
                    shard=shard, all_counts=all_counts)
 
@@ -288,3 +288,22 @@ def test_a_micro_batch_is_an_index_slice_of_the_steps_padded_batch():
             assert torch.equal(getattr(sliced, name), getattr(alone, name)), (idx, name)
         assert sliced.keep_from == alone.keep_from
         assert batch.rows(batch.sampler_logp, idx).shape == alone.mask.shape
+
+
+def test_metrics_average_over_processes_by_name_and_skip_missing_values():
+    from zsearch_cli.train.metrics import average_over_processes
+
+    # Process 0 kept no samples this step, so its entropy is None; process 1 has no
+    # 'filter/kept_frac' key at all. Per-key all-reduces would have run 3 collectives on
+    # one process and 2 on the other (a hang) or paired different keys (a wrong mean).
+    rows = [
+        {"step": 3, "rollout/reward_mean": 0.25, "actor/entropy": None, "filter/kept_frac": 0.5, "actor/samples": 4},
+        {"step": 3, "actor/samples": 6, "rollout/reward_mean": 0.75, "actor/entropy": 1.5},
+    ]
+    out = average_over_processes(rows)
+    assert out["step"] == 3
+    assert out["rollout/reward_mean"] == 0.5           # (0.25 + 0.75) / 2
+    assert out["actor/entropy"] == 1.5                 # only process 1 has a value
+    assert out["filter/kept_frac"] == 0.5              # only process 0 has the key
+    assert out["actor/samples"] == 4                   # never a float: the first process's, as before
+    assert average_over_processes([{"step": 1, "x": None}, {"step": 1, "x": None}])["x"] is None

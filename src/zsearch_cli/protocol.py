@@ -151,11 +151,14 @@ def _hub_revision(repo_id: str) -> str | None:
 
 def model_identity(model: str) -> tuple[str, str | None, str | None]:
     """(model, revision, adapter) for ``--model``: an adapter folder reports its base model."""
-    from zsearch_cli.models.loading import SMOLLM2_ALIAS, WARM_ALIAS, adapter_base, is_lora_checkpoint, smollm2_cache_path
+    from zsearch_cli.models.loading import SMOLLM2_ALIAS, WARM_ALIAS, adapter_base, is_lora_checkpoint, resolve_model_path
     from zsearch_cli.errors import ZsearchError
     from zsearch_cli.models.warm import shipped_dir
 
-    aliases = {SMOLLM2_ALIAS: smollm2_cache_path, WARM_ALIAS: shipped_dir}  # no build just to name it
+    # smollm2 is dequantized into the cache now if it is not there yet (the run loads it next
+    # anyway): naming the cache folder before it exists gave the first run on a machine no
+    # revision, unlike every later run. The warm adapter is named by its shipped files.
+    aliases = {SMOLLM2_ALIAS: lambda: Path(resolve_model_path(SMOLLM2_ALIAS)), WARM_ALIAS: shipped_dir}
     path = aliases[model]() if model in aliases else Path(model).expanduser()
     if path.is_dir():
         if is_lora_checkpoint(path):

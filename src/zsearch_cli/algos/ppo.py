@@ -46,8 +46,6 @@ from zsearch_cli.algos.common import (
 class PPOConfig:
     """PPO hyper-parameters; defaults from Search-R1 App. B.2 (docs/methods.md §4.2, §6)."""
 
-    critic_lr: float = 1e-5
-    """Critic learning rate (Search-R1: 1e-5)."""
     clip_eps_low: float = 0.2
     """ε on the low side of the token-ratio clip (Search-R1: 0.2)."""
     clip_eps_high: float = 0.2

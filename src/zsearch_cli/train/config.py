@@ -71,8 +71,8 @@ class TrainConfig(Record):
     """Sequences per forward/backward (gradient accumulation)."""
 
     # ---- the algorithm's loss (None = paper default of --algo)
-    critic_lr: float | None = option(None, range=POSITIVE)
-    """PPO critic learning rate [1e-5]."""
+    critic_lr: float = option(1e-5, range=POSITIVE)
+    """Critic learning rate (PPO's critic only; Search-R1: 1e-5). A trainer setting like --lr."""
     beta: float | None = option(None, range=AT_LEAST_0)
     """KL weight to the reference [algo default]; 0 loads no reference."""
     clip_eps: float | None = option(None, range=POSITIVE, aliases=("epsilon",))
@@ -142,7 +142,7 @@ def algo_config(cfg: TrainConfig) -> Any:
     spec = get_spec(cfg.algo)
     fields = {f.name: f for f in dataclasses.fields(spec.config_cls)}
     values: dict[str, Any] = {}
-    for key in ("critic_lr", "beta", "max_gen_batches"):
+    for key in ("beta", "max_gen_batches"):
         if getattr(cfg, key) is not None and key in fields:
             values[key] = getattr(cfg, key)
     for side in ("low", "high"):
@@ -161,17 +161,17 @@ def algo_config(cfg: TrainConfig) -> Any:
     return spec.config_cls(**values)
 
 
-RESOLVED_FIELDS = ("critic_lr", "beta", "clip_eps_low", "clip_eps_high", "max_gen_batches")
+RESOLVED_FIELDS = ("beta", "clip_eps_low", "clip_eps_high", "max_gen_batches")
 """TrainConfig fields whose ``None`` means "the algorithm's paper default"."""
 
 
 def resolve_config(cfg: TrainConfig) -> TrainConfig:
     """``cfg`` with every "paper default" (``None``) replaced by the value the run uses:
-    the reward metric from the algorithm, and β, the clip range, PPO's critic lr and DSPO's
-    budget from its loss config (lr and G are the trainer's own, never None). What is logged
+    the reward metric from the algorithm, and β, the clip range and DSPO's budget from its
+    loss config (lr, the critic's lr and G are the trainer's own, never None). What is logged
     and checkpointed is this, so a metrics file never says ``beta: null``. Idempotent; a
-    field the algorithm lacks (PPO's critic lr
-    under GRPO, clipping under HRPO) stays None."""
+    field the algorithm lacks (clipping under HRPO,
+    DSPO's budget under GRPO) stays None."""
     spec = get_spec(cfg.algo)
     with_reward = dataclasses.replace(cfg, reward=cfg.reward or spec.reward)
     acfg = algo_config(with_reward)
@@ -232,7 +232,7 @@ def check_config(cfg: TrainConfig) -> Any:
         need((cfg.critic_model or "").lower() != "none",
              f"--algo {cfg.algo} needs a critic: drop --critic-model none (default: a copy of the policy) "
              "or give a model path")
-        need(acfg.critic_lr > 0, f"--algo {cfg.algo} needs a critic learning rate: --critic-lr > 0, got {acfg.critic_lr}")
+        need(cfg.critic_lr > 0, f"--algo {cfg.algo} needs a critic learning rate: --critic-lr > 0, got {cfg.critic_lr}")
     else:
         need(cfg.critic_model in (None, "", "none"), f"--critic-model is only used by ppo, not --algo {cfg.algo}")
     if spec.filter_groups:

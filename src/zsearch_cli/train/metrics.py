@@ -29,6 +29,25 @@ def _mean(xs: list[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
 
 
+def average_over_processes(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One metrics row from every process's row: each float metric is the mean of the
+    processes that have a number for it (a process with no kept samples may have None);
+    anything else (the step, counts, texts) is the first process's.
+
+    Why a gathered list rather than one all-reduce per key: the per-key collectives must run
+    in the same order and number on every process, and a metric that is a float on one
+    process and None on another breaks that: a hang, or worse, two different metrics
+    averaged together. One gather of the whole rows cannot mismatch."""
+    out = dict(rows[0])
+    keys = [k for k in dict.fromkeys(k for row in rows for k in row)
+            if k != "step" and any(isinstance(row.get(k), float) for row in rows)]
+    for k in keys:
+        values = [float(row[k]) for row in rows
+                  if isinstance(row.get(k), (int, float)) and not isinstance(row.get(k), bool)]
+        out[k] = sum(values) / len(values) if values else None
+    return out
+
+
 def step_metrics(step: int, collected: StepSamples, update: dict[str, float] | None,
                  extra: dict[str, Any]) -> dict[str, Any]:
     """One METRICS row from what the step collected, the update's statistics (already named

@@ -39,7 +39,7 @@ from zsearch_cli.train.checkpoint import (atomic_dir, check_resumable,
 from zsearch_cli.train.step_samples import BatchRewardFn, RewardFn, Sample, sample_step
 from zsearch_cli.train.config import TrainConfig, check_config, check_even_shards, get_spec, resolve_config, resolved_dict, search_options
 from zsearch_cli.train.sampler import PromptSampler, load_rows
-from zsearch_cli.train.metrics import MetricsLog, console_line, step_metrics
+from zsearch_cli.train.metrics import MetricsLog, average_over_processes, console_line, step_metrics
 from zsearch_cli.train.policy import (generation_copy, load_critic, load_policy, load_reference,
                                       merged_weights, save_policy, sync_generation_copy, unsharded_loading)
 from zsearch_cli.train.optim import make_optimizer
@@ -98,7 +98,7 @@ class Trainer:
         self.critic_optimizer = self.critic_scheduler = None
         if self.critic is not None:
             self.critic_optimizer, self.critic_scheduler = make_optimizer(
-                self.critic.parameters(), self.acfg.critic_lr, cfg.weight_decay, *sched)
+                self.critic.parameters(), cfg.critic_lr, cfg.weight_decay, *sched)
             self.critic, self.critic_optimizer = self.accelerator.prepare(self.critic, self.critic_optimizer)
         self.policy, self.optimizer = self.accelerator.prepare(self.policy, self.optimizer)
 
@@ -351,14 +351,13 @@ class Trainer:
         return row
 
     def _reduce(self, row: dict[str, Any]) -> dict[str, Any]:
-        """Average each metric over processes (a no-op on one process)."""
-        acc = self.accelerator
-        if acc.num_processes == 1:
+        """Average each metric over processes (a no-op on one process): one gather of the
+        whole rows (train/metrics.py: average_over_processes says why)."""
+        if self.accelerator.num_processes == 1:
             return row
-        for k, v in row.items():
-            if k != "step" and isinstance(v, float):
-                row[k] = float(acc.reduce(torch.tensor(v, device=acc.device), "mean"))
-        return row
+        from accelerate.utils import gather_object
+
+        return average_over_processes(gather_object([row]))
 
     def _save_rollouts(self, step: int, samples: list[Sample]) -> None:
         from zsearch_cli.schemas import ROLLOUT, write_artifact
