@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import random
@@ -136,8 +137,18 @@ def test_streamed_build_equals_bm25s_own_index(tmp_path: Path) -> None:
     texts = [" ".join(f"w{j}" for j in rng.zipf(1.5, size=rng.integers(0, 30)) % 200) for _ in range(300)]
     batches = [pa.record_batch([[str(i) for i in range(s, min(s + 64, 300))], [""] * len(texts[s : s + 64]),
                                 texts[s : s + 64]], names=["id", "title", "text"]) for s in range(0, 300, 64)]
-    info = build_bm25(batches, 300, tmp_path / "bm25", Tokenizer(), 1.5, 0.6, "bm25s")
+    bars: dict[str, list[int]] = {}  # description -> [total, advanced]
+
+    @contextlib.contextmanager
+    def progress(description: str, total: int):
+        bars[description] = [total, 0]
+        yield lambda n: bars[description].__setitem__(1, bars[description][1] + n)
+
+    info = build_bm25(batches, 300, tmp_path / "bm25", Tokenizer(), 1.5, 0.6, "bm25s", progress)
     ours = BM25Searcher(tmp_path / "bm25", info).model.scores
+    # both passes show a bar that ends full: 300 passages tokenized, every posting placed
+    assert bars == {"BM25 tokenize": [300, 300], "BM25 postings": [info["postings"], info["postings"]]}
+    assert info["postings"] == len(ours["data"]) > 300
 
     vocab = json.loads((tmp_path / "bm25" / "vocab.index.json").read_text())
     docs = [Tokenizer().ids(" " + t, vocab) for t in texts]  # same term ids, one list per passage

@@ -31,13 +31,14 @@ bm25s imports it and the vLLM CPU engine crashes at start-up.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, ContextManager, Iterable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -77,6 +78,15 @@ EMPTY_TERM = ""
 _POSTINGS = (("doc", np.int32), ("term", np.int32), ("tf", np.int32))
 _CHUNK = 1 << 21  # postings per pass when filling the CSC matrix (~100 MB of temporaries)
 _TOKENIZE_ROWS = 8192  # passages tokenized at once: bounds the per-word Python strings alive
+
+
+Progress = Callable[[str, int], ContextManager[Callable[[int], None]]] | None
+"""``progress(description, total)``: a context manager yielding ``advance(n)`` (index.py's bar)."""
+
+
+@contextlib.contextmanager
+def _no_progress(description: str, total: int) -> Iterator[Callable[[int], None]]:
+    yield lambda n: None
 
 
 def bm25_texts(batch: pa.RecordBatch) -> list[str]:
@@ -139,19 +149,25 @@ def build_bm25(
     k1: float,
     b: float,
     backend: str,
-    on_rows: Callable[[int], None] | None = None,
+    progress: Progress = None,
     norms: str = "exact",
 ) -> dict:
     """Index ``batches`` (the corpus, in row order) into directory ``out``; returns manifest info.
 
+    Two passes, each with its own bar from ``progress(description, total)``: tokenizing the
+    passages (spilling (doc, term, tf) triples to disk), then placing every posting into the
+    term-major arrays (at 21M passages, over a billion postings: the longer half).
     ``norms="lucene"`` scores as Lucene's BM25Similarity does (see :func:`lucene_scores`)."""
+    progress = progress or _no_progress
     out.mkdir(parents=True, exist_ok=True)
     vocab: dict[str, int] = {}
     lengths = np.zeros(n_docs, dtype=np.int64)
     df = np.zeros(0, dtype=np.int64)
     spill = {name: open(out / f"_postings.{name}.bin", "wb") for name, _ in _POSTINGS}
     row = 0
-    try:
+    with progress("BM25 tokenize", n_docs) as on_rows, contextlib.ExitStack() as files:
+        for fh in spill.values():
+            files.callback(fh.close)
         for batch in _slices(batches, _TOKENIZE_ROWS):
             flat, lens = tokenizer.encode_batch(bm25_texts(batch), vocab)
             lengths[row : row + len(lens)] = lens
@@ -167,18 +183,15 @@ def build_bm25(
                 df = np.concatenate([df, np.zeros(max(len(vocab) - len(df), len(df)), np.int64)])
             np.add.at(df, term, 1)  # each (doc, term) pair is unique: one passage per entry
             row += len(lens)
-            if on_rows:
-                on_rows(len(lens))
-    finally:
-        for fh in spill.values():
-            fh.close()
+            on_rows(len(lens))
     vocab.setdefault(EMPTY_TERM, len(vocab))
     df = np.concatenate([df, np.zeros(max(0, len(vocab) - len(df)), np.int64)])[: len(vocab)]
     postings = {name: np.memmap(out / f"_postings.{name}.bin", dtype=dt, mode="r") if df.sum() else np.zeros(0, dt)
                 for name, dt in _POSTINGS}
     avgdl = float(lengths.mean()) if n_docs else 0.0
     if backend == "bm25s":
-        _write_bm25s(out, postings, df, lengths, avgdl, n_docs, vocab, k1, b, norms)
+        with progress("BM25 postings", int(df.sum())) as on_postings:
+            _write_bm25s(out, postings, df, lengths, avgdl, n_docs, vocab, k1, b, norms, on_postings)
     else:
         for name, dt in _POSTINGS:
             np.save(out / f"postings.{name}.npy", np.asarray(postings[name], dtype=dt))
@@ -194,7 +207,8 @@ def build_bm25(
 
 
 def _write_bm25s(out: Path, postings: dict, df: np.ndarray, lengths: np.ndarray, avgdl: float,
-                 n_docs: int, vocab: dict[str, int], k1: float, b: float, norms: str = "exact") -> None:
+                 n_docs: int, vocab: dict[str, int], k1: float, b: float, norms: str = "exact",
+                 on_postings: Callable[[int], None] = lambda n: None) -> None:
     """Fill bm25s's CSC arrays (column = term, row = doc, rows ascending) on disk.
 
     Per-entry arithmetic follows bm25s's own builder (float32 idf times float64 tf part,
@@ -231,6 +245,7 @@ def _write_bm25s(out: Path, postings: dict, df: np.ndarray, lengths: np.ndarray,
         fill[st[starts]] += sizes
         indices[pos] = d[order]
         data[pos] = score[order]
+        on_postings(len(d))
     data.flush()
     indices.flush()
     np.save(out / TERM_MAX_FILE, term_upper_bounds(data, indptr))  # MaxScore's per-term bounds

@@ -241,10 +241,9 @@ def build_index(corpus: Path | None, out: Path, options: dict) -> Path:
         if tokenizer is not None:
             from zsearch_cli.retrieval.bm25 import build_bm25
 
-            with _progress("BM25 tokenize", n_docs) as advance:
-                manifest["bm25"] = build_bm25(_corpus_batches(tmp / CORPUS_FILE), n_docs, tmp / "bm25", tokenizer,
-                                              float(opts["k1"]), float(opts["b"]), opts["bm25_backend"], advance,
-                                              norms=opts["bm25_norms"])
+            manifest["bm25"] = build_bm25(_corpus_batches(tmp / CORPUS_FILE), n_docs, tmp / "bm25", tokenizer,
+                                          float(opts["k1"]), float(opts["b"]), opts["bm25_backend"], _progress,
+                                          norms=opts["bm25_norms"])
         if "dense" in kinds:
             from zsearch_cli.retrieval.dense import Encoder, build_dense
 
