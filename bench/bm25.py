@@ -15,7 +15,8 @@ zsearch runs both search modes on the same index; "agree" is the share of querie
 top-k rows equal zsearch's exhaustive (reference) rows, ties included (for bm25s: the
 same top-k score multiset, since its argpartition breaks ties arbitrarily). bm25s with
 numba runs from ``--numba-python`` (a separate venv: numba must never be installed in
-zsearch's own, see README). rank-bm25 scores every passage in Python: a 20-query subset.
+zsearch's own, see README), and Pyserini (Lucene, block-max WAND) from ``--pyserini-python``
+with the same k1, b and top-k (its analyzer differs, so only its speed is compared). rank-bm25 scores every passage in Python: a 20-query subset.
 With several sizes, a least-squares fit (log-log for QPS, linear for the rest)
 extrapolates zsearch to 21,015,324 passages (wiki-18).
 """
@@ -26,6 +27,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -166,6 +168,9 @@ def worker(engine: str, root: Path, topk: int, n_rank: int, repeats: int) -> dic
         return {"index_s": index_s, "n": len(queries), "base": base, "peak": max(build_peak, _rss_mb()),
                 "build_anon": anon.peak_mb, "index_mb": _dir_mb(root / "zs_index" / "bm25"), "runs": runs}
 
+    if engine == "pyserini":
+        return _pyserini_worker(root, queries, topk, threads, repeats)
+
     import bm25s
     import Stemmer
 
@@ -206,12 +211,65 @@ def worker(engine: str, root: Path, topk: int, n_rank: int, repeats: int) -> dic
             "docs": len(texts), "runs": {"plain|0": {"query_s": secs}}}
 
 
+def _pyserini_worker(root: Path, queries: list[str], topk: int, threads: int, repeats: int) -> dict:
+    """Pyserini (Lucene 9, block-max WAND) in its own venv: index the same passages as a
+    JsonCollection with as many indexing threads as cores, then ``batch_search`` with the
+    same k1, b and top-k, serially and on every core. Lucene's English analyzer (stemming,
+    stopwords) is not zsearch's default tokenizer, so the lists are not compared, only the
+    speed of the same work: one BM25 top-k per query over the same passages."""
+    import subprocess as sp
+
+    # bench/pyserini.py sits beside this script, on sys.path[0]: it would shadow the package
+    here = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
+    from pyserini.search.lucene import LuceneSearcher
+
+    docs = root / "pyserini-docs"
+    docs.mkdir(exist_ok=True)
+    with open(root / "corpus.jsonl", encoding="utf-8") as src, open(docs / "docs.jsonl", "w", encoding="utf-8") as dst:
+        for r in map(json.loads, src):
+            dst.write(json.dumps({"id": r["id"], "contents": f"{r['title']}\n{r['text']}"}) + "\n")
+    base = _rss_mb()
+    t = time.perf_counter()
+    sp.run([sys.executable, "-m", "pyserini.index.lucene", "--collection", "JsonCollection", "--input", str(docs),
+            "--index", str(root / "pyserini-index"), "--generator", "DefaultLuceneDocumentGenerator",
+            "--threads", str(threads)], check=True, capture_output=True)
+    index_s = time.perf_counter() - t
+    searcher = LuceneSearcher(str(root / "pyserini-index"))
+    searcher.set_bm25(K1, B)
+    qids = [str(i) for i in range(len(queries))]
+    runs = {}
+    for n in (0, threads):
+        def run():
+            return searcher.batch_search(queries, qids, k=topk, threads=max(n, 1))
+
+        run()  # warm-up: the JIT compiles the hot loops
+        secs, _ = _timed(run, repeats)
+        runs[f"plain|{n}"] = {"query_s": secs}
+    return {"index_s": index_s, "n": len(queries), "base": base, "peak": _rss_mb(),
+            "index_mb": _dir_mb(root / "pyserini-index"), "runs": runs}
+
+
 def _agree(run: dict, ref: dict, exact: bool) -> float:
     if "top" not in run:
         return float("nan")
     if exact:
         return float(np.mean([a == b for a, b in zip(run["top"], ref["top"])]))
     return float(np.mean([sorted(a) == sorted(b) for a, b in zip(run["scores"], ref["scores"])]))
+
+
+def _java_env() -> dict:
+    """The environment with JAVA_HOME set (Pyserini's pyjnius needs it): the first JDK under
+    /usr/lib/jvm, else the one ``java`` on PATH belongs to."""
+    env = dict(os.environ)
+    if not env.get("JAVA_HOME"):
+        jdks = sorted(Path("/usr/lib/jvm").glob("java-*-openjdk-*")) if Path("/usr/lib/jvm").is_dir() else []
+        java = shutil.which("java")
+        home = next((str(j) for j in jdks if (j / "bin" / "java").exists()), None) or (
+            str(Path(java).resolve().parent.parent) if java else None)
+        if home:
+            env["JAVA_HOME"] = home
+    return env
 
 
 def run_size(args, n_docs: int, console) -> list[dict]:
@@ -233,13 +291,16 @@ def run_size(args, n_docs: int, console) -> list[dict]:
             console.print("bm25s-numba: skipped (no --numba-python venv)")
         if "rank-bm25" in wanted and n_docs <= args.rank_bm25_max_docs:
             engines.append(("rank-bm25", sys.executable))
-        console.print("Pyserini: skipped here; see bench/pyserini.py (needs Java + pyserini)")
+        if "pyserini" in wanted and args.pyserini_python and Path(args.pyserini_python).exists():
+            engines.append(("pyserini", args.pyserini_python))
+        elif "pyserini" in wanted:
+            console.print("pyserini: skipped (no --pyserini-python venv with Java; see bench/pyserini.py)")
         results = {}
         for engine, python in engines:
             console.print(f"running {engine} ...")
             cmd = [python, __file__, "--worker", engine, "--data", str(root), "--topk", str(args.topk),
                    "--rank-bm25-queries", str(args.rank_bm25_queries), "--repeats", str(args.repeats)]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
+            proc = subprocess.run(cmd, capture_output=True, text=True, env=_java_env())
             if proc.returncode:
                 console.print(f"{engine}: failed: {proc.stderr.strip().splitlines()[-1:]}")
                 continue
@@ -292,10 +353,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="best of this many timed rounds")
     parser.add_argument("--rank-bm25-queries", type=int, default=20)
     parser.add_argument("--rank-bm25-max-docs", type=int, default=100_000)
-    parser.add_argument("--engines", default="zsearch,bm25s,bm25s-numba,rank-bm25",
-                        help="comma-separated subset of: zsearch, bm25s, bm25s-numba, rank-bm25")
+    parser.add_argument("--engines", default="zsearch,bm25s,bm25s-numba,pyserini,rank-bm25",
+                        help="comma-separated subset of: zsearch, bm25s, bm25s-numba, pyserini, rank-bm25")
     parser.add_argument("--numba-python", default="/work/bench-venv/bin/python",
                         help="python of a separate venv with bm25s + numba (never zsearch's own)")
+    parser.add_argument("--pyserini-python", default="/work/pyserini-venv/bin/python",
+                        help="python of a separate venv with pyserini (needs Java 11+; bench/pyserini.py says how)")
     parser.add_argument("--tmp", default=None, help="where corpora and indexes go (default: system temp)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--data", type=Path, help=argparse.SUPPRESS)

@@ -35,6 +35,8 @@ from zsearch_cli.errors import ZsearchError
 from zsearch_cli.rewards import difficulty_reward
 from zsearch_cli.rollout.engine import QARow, RolloutEngine
 from zsearch_cli.rollout.trajectory import Trajectory
+from zsearch_cli.search.base import SearchBackend
+from zsearch_cli.train.config import TrainConfig
 from zsearch_cli.train.step_samples import BatchRewards
 from zsearch_cli.commands.propose import (
     HOPS,
@@ -125,7 +127,7 @@ class ProposerReward:
                             metrics=proposer_metrics(scored, self.n_solver), columns=columns)
 
 
-def solver_engine(solver_model: str, cfg: Any, search: Any, device: str, solver_url: str | None = None) -> RolloutEngine:
+def solver_engine(solver_model: str, cfg: TrainConfig, search: SearchBackend, device: str, solver_url: str | None = None) -> RolloutEngine:
     """The frozen solver: its own model copy (or a server), the tool-call protocol (Figure 6
     prompt), the run's turn limits, and a sampling seed apart from the proposer's."""
     from zsearch_cli.rollout.build import build_engine
@@ -152,7 +154,7 @@ def _write_run_file(out: Path, options: dict[str, Any]) -> None:
     os.replace(tmp, out / RUN_FILE)
 
 
-def train_proposer(cfg: Any, *, solver_model: str | None = None, solver_url: str | None = None,
+def train_proposer(cfg: TrainConfig, *, solver_model: str | None = None, solver_url: str | None = None,
                    solver_samples: int = 5, hop_ratio: str = "4:3:2:1", console: Any = None) -> Path:
     """Train the proposer with HRPO for ``cfg.steps`` steps; returns OUT/final.
 

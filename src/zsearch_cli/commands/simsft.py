@@ -37,6 +37,7 @@ from zsearch_cli.errors import ZsearchError
 from zsearch_cli.prompts import SIMULATOR_QUALITIES, render_simulator_prompt
 from zsearch_cli.schemas import JUDGMENT, SFT_EXAMPLE, read_artifact, write_artifact
 from zsearch_cli.search.sim_text import SFT_DOCS, SIM_CHAT_TEMPLATE, parse_documents
+from zsearch_cli.train.sft_config import SFTConfig
 
 console = Console(stderr=True)
 
@@ -116,11 +117,11 @@ def build_sft_set(rows: Sequence[dict[str, Any]], *, balance: bool = False, seed
     return [e for _, e in usable], skipped
 
 
-def simsft(judgments: Path, cfg: Any, config: dict[str, Any], *, balance: bool = False, titles: bool = False,
+def simsft(judgments: Path, cfg: SFTConfig, config: dict[str, Any], *, balance: bool = False, titles: bool = False,
            doc_words: int = 30) -> Path:
     """Build OUT/sim_sft.parquet from ``judgments`` and train ``cfg`` (an SFTConfig, whose
     ``data`` is set here) on it; returns OUT/final."""
-    from zsearch_cli.train.sft import SFTConfig, run_sft
+    from zsearch_cli.train.sft import run_sft
 
     if doc_words < 0:
         raise ZsearchError(f"--doc-words must be >= 0, got {doc_words}")

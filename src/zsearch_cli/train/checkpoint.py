@@ -65,6 +65,7 @@ import numpy as np
 import torch
 
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.train.config import TrainConfig
 from zsearch_cli.train.distributed import distribution
 from zsearch_cli.train.integrity import (MANIFEST, _first_line, checkpoint_problem, load_pickle,  # noqa: F401
                                          trusted_pickle, write_manifest)
@@ -274,7 +275,7 @@ class TrainingState:
     search or loss."""
 
     accelerator: Any
-    cfg: Any  # TrainConfig
+    cfg: TrainConfig
     policy: Any
     tokenizer: Any
     optimizer: Any
