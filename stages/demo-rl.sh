@@ -18,6 +18,7 @@ LORA_R=${LORA_R:-16}
 TURN_TOKENS=${TURN_TOKENS:-128}
 MAX_TURNS=${MAX_TURNS:-2}     # the warmed agent searches once, then answers
 SEED=${SEED:-0}
+SAVE_EVERY=${SAVE_EVERY:-1}  # a checkpoint per step: a stopped run goes on where it was (--resume)
 EVAL_LIMIT=${EVAL_LIMIT:-72}  # the whole test split
 DEVICE=${DEVICE:-cpu}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
@@ -29,14 +30,14 @@ fi
 EVAL_OPTS=(--method agent --index "$INDEX" --datasets demo --limit "$EVAL_LIMIT" --max-turns "$MAX_TURNS"
            --max-turn-tokens "$TURN_TOKENS" --device "$DEVICE")
 
-echo "== 2. before: $MODEL on the held-out test split"
+echo "== 2. before: $MODEL on the held-out test split (a re-run keeps the questions already scored)"
 zsearch eval --model "$MODEL" "${EVAL_OPTS[@]}" --out "$OUT/eval-before"
 
 echo "== 3. $ALGO from $MODEL on the bundled train split: $STEPS steps x $BATCH prompts x G $GROUP"
 start=$SECONDS
 zsearch train --algo "$ALGO" --model "$MODEL" --index "$INDEX" --out "$OUT/train" --steps "$STEPS" \
   --batch-size "$BATCH" --group-size "$GROUP" --lr "$LR" --lora-r "$LORA_R" --max-turns "$MAX_TURNS" \
-  --max-turn-tokens "$TURN_TOKENS" --seed "$SEED" --device "$DEVICE" --save-every "$STEPS" --resume
+  --max-turn-tokens "$TURN_TOKENS" --seed "$SEED" --device "$DEVICE" --save-every "$SAVE_EVERY" --resume
 echo "   train wall time: $((SECONDS - start)) s"
 zsearch plot "$OUT/train" --title "$ALGO from $MODEL, bundled train split ($STEPS steps)"
 
