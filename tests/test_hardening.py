@@ -92,9 +92,9 @@ def test_serpapi_key_is_not_in_errors():
 
 def test_cli_errors_and_log_lines_are_redacted(monkeypatch, caplog, capsys):
     monkeypatch.setenv("SERPAPI_API_KEY", KEY)
-    from zsearch_cli.cli_base import stage
+    from zsearch_cli.cli_base import one_line_errors
 
-    @stage
+    @one_line_errors
     def failing() -> None:
         raise ZsearchError(f"https://serpapi.com/search.json?q=x&api_key={KEY} failed")
 
