@@ -124,11 +124,15 @@ def rollout_async(engine: "RolloutEngine", samples: Sequence["_Sample"], step: i
             if not ready:
                 continue
             batch = [ready.popleft() for _ in range(min(capacity, len(ready)))]
-            for s, action in engine.generate_turn(batch, step, done):
+            pending = engine.generate_turn(batch, step, done)
+            for s, action in pending:
                 if pool is None:
                     pool = SearchPool(engine.search, cfg.topk, cfg.search_concurrency)
                 pool.submit(s, engine.search_requests(s, action))
                 searching += 1
+            # A turn that needs no search (an invalid action, answered with a message) goes on at once.
+            searched = {id(s) for s, _ in pending}
+            ready.extend(s for s in batch if s.finish is None and id(s) not in searched)
     finally:
         if pool is not None:
             pool.close()
