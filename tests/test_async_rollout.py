@@ -172,21 +172,28 @@ class SerialSearch(RandomLatencySearch):
     thread_safe = False
 
 
+class ChunkedScript(ScriptedBackend):
+    max_batch_size = 4  # 16 rows: four generate calls, whose searches arrive one chunk at a time
+
+
 @pytest.mark.parametrize("search_cls,concurrency,peak", [(RandomLatencySearch, 2, 2), (SerialSearch, 8, 1)])
 def test_search_concurrency_bound(tiny_backend, search_cls, concurrency, peak):
-    # Thread-safe backends run up to --search-concurrency calls at once; others one at a
-    # time, each call carrying every search waiting by then.
+    # Thread-safe backends run up to --search-concurrency calls at once, one per sample's
+    # turn; others one call at a time, each carrying every search waiting by then.
     tok = tiny_backend.tokenizer
     rows = [QARow(f"r{i}", f"Q{i}?", ["x"]) for i in range(16)]
-    backend = ScriptedBackend(tok, {r.question: [f"<search> q{i} </search>", "<answer> x </answer>"]
-                                    for i, r in enumerate(rows)})
+    backend = ChunkedScript(tok, {r.question: [f"<search> q{i} </search>", "<answer> x </answer>"]
+                                  for i, r in enumerate(rows)})
     search = search_cls(seed=0, max_latency=0.05)
     cfg = RolloutConfig(rollout_mode="async", search_concurrency=concurrency)
     trajs = RolloutEngine(backend, TagsProtocol(), search, cfg).rollout(rows)
     assert search.peak == peak
     assert all(t.num_searches == 1 and t.prediction == "x" for t in trajs)
+    calls = [len(c) for c in search.started]
     if peak == 1:
-        assert len(search.started) == 1  # the first call took all 16 waiting searches
+        assert max(calls) > 4 and len(calls) < 4  # later chunks' searches shared a call
+    else:
+        assert calls == [1] * 16
 
 
 class FailingSearch(SearchBackend):
