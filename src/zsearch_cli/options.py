@@ -269,7 +269,7 @@ class PlotOptions:
 @uses(ModelOptions, "model", "backend", "device")
 @uses(SearchConfig)
 @uses(RolloutOptions, "protocol", "topk", "max_turns", "max_turn_tokens", "max_obs_tokens", "max_context_tokens",
-      "temperature", temperature=0.0)
+      "temperature", "rollout_mode", "search_concurrency", temperature=0.0)
 @uses(Seeded)
 @uses(Subset)
 class EvalOptions:

@@ -16,10 +16,12 @@ What a sample contains does not depend on this schedule: the per-sample steps ar
 engine's own (:meth:`RolloutEngine.generate_turn`, :meth:`RolloutEngine.observe`), and
 every turn's sampling seed names the sample and turn, not the batch (``sample_seed``).
 
-Search backends: with ``thread_safe = True`` (a class attribute of the backend) up to
-``search_concurrency`` calls run at once, one per sample's turn (a slow search then holds up
-only its own sample). Any other backend gets one call at a time, on one thread, carrying
-every search that is waiting (the simulator's model, a BM25 index: batching beats threads).
+Search calls run on worker threads, and each call carries every search waiting when it
+starts (batching, as the sync engine's one call per turn does: a retriever or the
+simulator's model is faster on a batch). A backend with ``thread_safe = True`` (a class
+attribute: the HTTP retriever) gets up to ``search_concurrency`` calls in flight at once, so
+one chunk's slow call does not hold up the next chunk's; any other backend (the simulator's
+model, an in-process index, SerpAPI's shared session) gets one call at a time.
 """
 
 from __future__ import annotations
@@ -38,19 +40,17 @@ if TYPE_CHECKING:
 
 class SearchPool:
     """Worker threads that run search calls; results come back through :meth:`finished`.
-
-    ``thread_safe`` backends get ``workers`` threads and one call per submitted job; others
-    one thread whose every call takes all the jobs waiting (one call in flight at most)."""
+    Every call takes all the jobs waiting; ``thread_safe`` backends get ``workers`` threads
+    (calls in flight at once), others one."""
 
     def __init__(self, search: SearchBackend, topk: int, workers: int):
         self.search, self.topk = search, topk
-        self.one_call_per_job = bool(getattr(search, "thread_safe", False))
         self._waiting: deque[tuple[Any, list[SearchRequest]]] = deque()
         self._cond = threading.Condition()
         self._done: queue.Queue = queue.Queue()
         self._closed = False
         # Daemon threads: after a failure, calls still in flight are abandoned, not awaited.
-        n = max(1, workers) if self.one_call_per_job else 1
+        n = max(1, workers) if getattr(search, "thread_safe", False) else 1
         self._threads = [threading.Thread(target=self._work, name=f"zsearch-search-{i}", daemon=True)
                          for i in range(n)]
         for t in self._threads:
@@ -68,11 +68,8 @@ class SearchPool:
                     self._cond.wait()
                 if self._closed:
                     return
-                if self.one_call_per_job:
-                    jobs = [self._waiting.popleft()]
-                else:
-                    jobs = list(self._waiting)
-                    self._waiting.clear()
+                jobs = list(self._waiting)
+                self._waiting.clear()
             try:
                 results = self.search.search([r for _, reqs in jobs for r in reqs], self.topk)
             except BaseException as err:  # handed to the main thread, which raises it
