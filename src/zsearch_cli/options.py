@@ -70,7 +70,7 @@ class RolloutOptions:
     rollout_mode: str = "sync"
     """sync (every sample generates a turn, then the turn's searches run) or async (each sample
     advances on its own: it searches while others generate); both give the same samples."""
-    search_concurrency: int = option(8, range=AT_LEAST_1)
+    search_concurrency: int = option(16, range=AT_LEAST_1)
     """Search calls in flight at once in async mode (a backend that is not thread-safe gets one)."""
 
 

@@ -21,7 +21,10 @@ starts (batching, as the sync engine's one call per turn does: a retriever or th
 simulator's model is faster on a batch). A backend with ``thread_safe = True`` (a class
 attribute: the HTTP retriever) gets up to ``search_concurrency`` calls in flight at once, so
 one chunk's slow call does not hold up the next chunk's; any other backend (the simulator's
-model, an in-process index, SerpAPI's shared session) gets one call at a time.
+model, an in-process index, SerpAPI's shared session) gets one call at a time. Measured
+(``bench/rollout.py --modes``): splitting the waiting searches into one call per sample
+instead loses when latency is constant (16 workers cannot keep up with the generator) and
+gains little on a heavy tail, so calls stay batched.
 """
 
 from __future__ import annotations
@@ -56,9 +59,10 @@ class SearchPool:
         for t in self._threads:
             t.start()
 
-    def submit(self, job: Any, requests: list[SearchRequest]) -> None:
+    def submit(self, jobs: list[tuple[Any, list[SearchRequest]]]) -> None:
+        """Queue ``(job, requests)`` pairs, all at once, so that one call takes them together."""
         with self._cond:
-            self._waiting.append((job, requests))
+            self._waiting.extend(jobs)
             self._cond.notify()
 
     def _work(self) -> None:
@@ -122,11 +126,11 @@ def rollout_async(engine: "RolloutEngine", samples: Sequence["_Sample"], step: i
                 continue
             batch = [ready.popleft() for _ in range(min(capacity, len(ready)))]
             pending = engine.generate_turn(batch, step, done)
-            for s, action in pending:
+            if pending:
                 if pool is None:
                     pool = SearchPool(engine.search, cfg.topk, cfg.search_concurrency)
-                pool.submit(s, engine.search_requests(s, action))
-                searching += 1
+                pool.submit([(s, engine.search_requests(s, action)) for s, action in pending])
+                searching += len(pending)
             # A turn that needs no search (an invalid action, answered with a message) goes on at once.
             searched = {id(s) for s, _ in pending}
             ready.extend(s for s in batch if s.finish is None and id(s) not in searched)
