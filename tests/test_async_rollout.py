@@ -238,3 +238,12 @@ def test_async_search_failure_keeps_finished_trajectories(tiny_backend):
 def test_unknown_rollout_mode(tiny_backend):
     with pytest.raises(ZsearchError, match="--rollout-mode"):
         RolloutEngine(tiny_backend, TagsProtocol(), None, RolloutConfig(rollout_mode="parallel"))
+
+
+def test_async_refuses_a_simulator_on_the_policy_model(tiny_backend):
+    class SharedSim(SearchBackend):
+        generator = tiny_backend  # what SimulatedSearch(generator=policy_backend) would hold
+
+    engine = RolloutEngine(tiny_backend, TagsProtocol(), SharedSim(), RolloutConfig(rollout_mode="async"))
+    with pytest.raises(ZsearchError, match="shares the policy's model"):
+        engine.rollout([QARow("a", "Q?", ["x"])])

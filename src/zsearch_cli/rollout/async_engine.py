@@ -104,9 +104,19 @@ class SearchPool:
             self._cond.notify_all()
 
 
+def _check_separate_models(engine: "RolloutEngine") -> None:
+    """A simulator that writes documents with the policy's own model object cannot search
+    while the policy generates (one HF model is not safe on two threads at once)."""
+    sim_model = getattr(getattr(engine.search, "generator", None), "model", None)
+    if sim_model is not None and sim_model is getattr(engine.backend, "model", None):
+        raise ZsearchError("the search simulator shares the policy's model, which cannot run on two threads "
+                           "at once: use --rollout-mode sync, or give the simulator its own model")
+
+
 def rollout_async(engine: "RolloutEngine", samples: Sequence["_Sample"], step: int, done: "_Finisher") -> None:
     """Advance every sample to its end (see the module docstring); fills ``samples`` in place."""
     cfg = engine.config
+    _check_separate_models(engine)
     capacity = getattr(engine.backend, "max_batch_size", None) or len(samples) or 1
     ready: deque[_Sample] = deque(samples)
     searching = 0
