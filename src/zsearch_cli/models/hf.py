@@ -30,12 +30,7 @@ from typing import Any
 import torch
 
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.models.base import GenerationOutput, SamplingParams, check_seeds, mix_seed, row_seed
-
-
-def _row_seed(seed: int, row: int) -> int:
-    """A well-mixed 63-bit seed per (call seed, row), so nearby seeds give unrelated streams."""
-    return mix_seed(seed, row)
+from zsearch_cli.models.base import GenerationOutput, SamplingParams, check_seeds, row_seed
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
