@@ -67,7 +67,7 @@ class RolloutOptions:
     """Sampling temperature (0 = greedy); training computes its logprobs at the same temperature."""
     top_p: float = option(1.0, range=Range(0, 1, lo_open=True))
     """Nucleus sampling mass."""
-    rollout_mode: str = "async"
+    rollout_mode: str = "sync"
     """sync (every sample generates a turn, then the turn's searches run) or async (each sample
     advances on its own: it searches while others generate); both give the same samples."""
     search_concurrency: int = option(16, range=AT_LEAST_1)
