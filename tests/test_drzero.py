@@ -205,7 +205,9 @@ def test_propose_trains_the_proposer_against_a_frozen_solver(tmp_path, dz, warm)
     out = tmp_path / "proposer"
     result = _ok(["propose", "--model", str(warm), "--solver-model", str(dz.model), "--index", str(dz.index),
                   "--steps", "2", "--batch-size", "2", "--max-turns", "2", "--max-turn-tokens", "48", "--lr", "1e-4",
-                  "--seed", "1001", "--device", "cpu", "--out", str(out)])
+                  "--seed", "1007", "--device", "cpu", "--out", str(out)])
+    # Seed 1007: a draw in which the tiny warm proposer writes a question that passes the
+    # format gate in step 1 (most seeds do not; 1001 did before per-sample seeds).
     line = " ".join(result.output.split())
     assert "difficulty " in line and "gate_pass " in line and "hops_1 " in line  # the batch reward's metrics
     metrics = read_artifact(out / "metrics.parquet", METRICS).to_pylist()
@@ -293,7 +295,7 @@ def test_propose_with_the_solver_behind_an_openai_compatible_server(tmp_path, dz
     with serving(server_app) as url:
         _ok([*generate, "--solver-url", f"{url}/v1", "--out", str(tmp_path / "remote.parquet")])
         n_generate = len(server_app.state.seen)
-        _ok([*common, "--solver-url", url, "--steps", "1", "--batch-size", "2", "--lr", "1e-4", "--seed", "1001",
+        _ok([*common, "--solver-url", url, "--steps", "1", "--batch-size", "2", "--lr", "1e-4", "--seed", "1007",
              "--out", str(tmp_path / "proposer")])
     local = read_artifact(tmp_path / "local.parquet", PROPOSED_QA).to_pylist()
     remote = read_artifact(tmp_path / "remote.parquet", PROPOSED_QA).to_pylist()

@@ -67,6 +67,11 @@ class RolloutOptions:
     """Sampling temperature (0 = greedy); training computes its logprobs at the same temperature."""
     top_p: float = option(1.0, range=Range(0, 1, lo_open=True))
     """Nucleus sampling mass."""
+    rollout_mode: str = "sync"
+    """sync (every sample generates a turn, then the turn's searches run) or async (each sample
+    advances on its own: it searches while others generate); both give the same samples."""
+    search_concurrency: int = option(16, range=AT_LEAST_1)
+    """Search calls in flight at once in async mode (a backend that is not thread-safe gets one)."""
 
 
 @dataclass(kw_only=True)
@@ -264,7 +269,7 @@ class PlotOptions:
 @uses(ModelOptions, "model", "backend", "device")
 @uses(SearchConfig)
 @uses(RolloutOptions, "protocol", "topk", "max_turns", "max_turn_tokens", "max_obs_tokens", "max_context_tokens",
-      "temperature", temperature=0.0)
+      "temperature", "rollout_mode", "search_concurrency", temperature=0.0)
 @uses(Seeded)
 @uses(Subset)
 class EvalOptions:

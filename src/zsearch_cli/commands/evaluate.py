@@ -57,7 +57,7 @@ console = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
 METHODS = ("direct", "cot", "rag", "agent")
 
 EVAL_RESUME_MAY_CHANGE = {"datasets", "data_dir", "download", "out", "limit", "batch_size", "device", "backend",
-                          "predictions", "qa"}
+                          "predictions", "qa", "rollout_mode", "search_concurrency"}
 """Options that may differ between an eval and the run whose rows it reuses: which rows are
 asked for, where files are, and how the same computation is batched or placed. Everything
 else (and the protocol: weights, corpus, prompt, metric, QA file) must be equal."""

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Protocol, Sequence
+
+from zsearch_cli.errors import ZsearchError
 
 
 @dataclass(frozen=True)
@@ -17,7 +20,12 @@ class SamplingParams:
     top_p: float = 1.0
     """Nucleus sampling mass; 1.0 disables it."""
     seed: int | None = None
-    """Seed for this call's sampling; None leaves the generator's state as it is."""
+    """Seed for this call's sampling; row ``i`` samples from ``(seed, i)``. None leaves the
+    generator's state as it is."""
+    seeds: tuple[int, ...] | None = None
+    """One seed per prompt, used as given (it overrides ``seed``): a row's sample then depends
+    on its own seed only, never on its place in the batch. The rollout engine sets it from
+    each sample's identity, so the sync and async modes sample alike."""
 
     @property
     def greedy(self) -> bool:
@@ -35,6 +43,28 @@ class GenerationOutput:
     stop_string: str | None = None
     """Which stop string ended the sample, when finish_reason is 'stop'."""
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def row_seed(params: SamplingParams, row: int) -> int | None:
+    """The seed of row ``row`` of a call: ``params.seeds[row]``, else one mixed from
+    ``(params.seed, row)``, else None (the backend's own random state)."""
+    if params.seeds is not None:
+        return int(params.seeds[row])
+    if params.seed is None:
+        return None
+    return mix_seed(params.seed, row)
+
+
+def mix_seed(*parts: object) -> int:
+    """A well-mixed 63-bit seed from any parts, so nearby inputs give unrelated streams."""
+    digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def check_seeds(params: SamplingParams, prompts: int) -> None:
+    """Per-prompt seeds must match the prompts one to one."""
+    if params.seeds is not None and len(params.seeds) != prompts:
+        raise ZsearchError(f"{len(params.seeds)} seeds for {prompts} prompts: give one seed per prompt")
 
 
 class GenerationBackend(Protocol):

@@ -11,32 +11,26 @@ Logprob semantics (same as vLLM with ``logprobs_mode='processed_logprobs'``):
   nucleus have probability 0, the rest are renormalised);
 * greedy (``temperature <= 0``): ``log_softmax`` of the raw logits at the argmax.
 
-Seeding: with ``params.seed`` set, row ``i`` of a call draws its uniforms from its own
-``torch.Generator`` seeded from ``(seed, i)`` on the model's device. A row's samples
+Seeding: with ``params.seeds`` set, row ``i`` of a call draws its uniforms from its own
+``torch.Generator`` seeded with ``seeds[i]`` on the model's device; with only ``params.seed``,
+from ``(seed, i)``. A row's samples
 therefore depend only on the seed, its index, its prompt and the model: not on how many
 other rows there are, what they contain, or when they finish. Not guaranteed: equality
 across devices, dtypes or torch versions (CPU and CUDA generators differ), and batched vs
 unbatched runs can differ when padding changes the floating-point result enough to move a
 draw across a token boundary (rare in fp32, more likely in bf16). With ``seed=None`` the
-draws come from torch's global generator.
+draws come from torch's global generator (both None).
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.models.base import GenerationOutput, SamplingParams
-
-
-def _row_seed(seed: int, row: int) -> int:
-    """A well-mixed 63-bit seed per (call seed, row), so nearby seeds give unrelated streams."""
-    digest = hashlib.blake2b(f"{seed}:{row}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+from zsearch_cli.models.base import GenerationOutput, SamplingParams, check_seeds, row_seed
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
@@ -141,6 +135,7 @@ class HFBackend:
         for i, p in enumerate(prompts):
             if len(p) == 0:
                 raise ZsearchError(f"prompt {i} is empty: a prompt needs at least one token")
+        check_seeds(params, len(prompts))
         stop = [s for s in stop if s]
         outputs: list[GenerationOutput] = []
         was_training = self.model.training
@@ -154,14 +149,14 @@ class HFBackend:
             self.model.train(was_training)
         return outputs
 
-    def _uniforms(self, rows: int, steps: int, seed: int | None, row_offset: int) -> torch.Tensor:
+    def _uniforms(self, rows: int, steps: int, params: SamplingParams, row_offset: int) -> torch.Tensor:
         """All the uniform draws a batch can use, ``[rows, steps]``, one generator per row."""
-        if seed is None:
+        if params.seed is None and params.seeds is None:
             return torch.rand(rows, steps, device=self.device, dtype=torch.float64)
         draws = []
         for i in range(rows):
             gen = torch.Generator(device=self.device)
-            gen.manual_seed(_row_seed(seed, row_offset + i))
+            gen.manual_seed(row_seed(params, row_offset + i))
             draws.append(torch.rand(steps, generator=gen, device=self.device, dtype=torch.float64))
         return torch.stack(draws)
 
@@ -182,7 +177,7 @@ class HFBackend:
             mask[i, width - len(p) :] = 1
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp_(min=0)  # real tokens count from 0 in every row
-        uniforms = None if params.greedy else self._uniforms(n, steps, params.seed, row_offset)
+        uniforms = None if params.greedy else self._uniforms(n, steps, params, row_offset)
         # Enough trailing tokens to cover any stop string even at one byte per token.
         window = 4 * max((len(s) for s in stop), default=0) + 8
 

@@ -17,8 +17,8 @@ the rollout engine stays token-in/token-out across HTTP:
 * the stop string stays in the output (``include_stop_str_in_output``), and special tokens
   are kept in the text (``skip_special_tokens: false``) so a stop string that is one still
   matches; ``finish_reason``/``stop_reason`` map to ``'stop'``/``'eos'``/``'length'``;
-* each row is one request with its own seed from ``(params.seed, row)``, as in the other
-  backends; at most ``concurrency`` requests are in flight and the server batches them.
+* each row is one request with its own seed (``params.seeds[row]``, else from
+  ``(params.seed, row)``), as in the other backends; at most ``concurrency`` requests are in flight and the server batches them.
 
 The tokenizer is local (the engine renders prompts and tool responses with it) and must be
 the server's: :meth:`RemoteBackend.check_tokenizer` compares both on a probe text through
@@ -32,8 +32,8 @@ from typing import Any
 
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.llm_client import NEUTRAL_SAMPLING, LLMClient
-from zsearch_cli.models.base import GenerationOutput, SamplingParams
-from zsearch_cli.models.hf import _first_stop, _row_seed
+from zsearch_cli.models.base import GenerationOutput, SamplingParams, check_seeds, row_seed
+from zsearch_cli.models.hf import _first_stop
 
 TOKEN_ID_PREFIX = "token_id:"
 PROBE = "Who wrote <search> the Iliad </search>? <answer> Homer </answer>"
@@ -108,8 +108,9 @@ class RemoteBackend:
         }
         if stop:
             body["stop"] = list(stop)
-        if params.seed is not None:
-            body["seed"] = _row_seed(params.seed, row)
+        seed = row_seed(params, row)
+        if seed is not None:
+            body["seed"] = seed
         return body
 
     def _output(self, answer: dict[str, Any], stop: Sequence[str]) -> GenerationOutput:
@@ -139,6 +140,7 @@ class RemoteBackend:
     def generate(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                  stop: Sequence[str] = ()) -> list[GenerationOutput]:
         """Continue each prompt, one request per row (see the module docstring)."""
+        check_seeds(params, len(prompts))
         if params.max_new_tokens == 0:
             return [GenerationOutput([], [], "length") for _ in prompts]
         bodies = [self._body(p, params, stop, row) for row, p in enumerate(prompts)]

@@ -11,7 +11,8 @@ HF backend so stages never care which one they hold:
   uses temperature 1, i.e. raw log-softmax, as the HF backend does);
 * finish reasons map to ``'stop'`` (a stop string), ``'eos'`` (EOS or a generation-config
   end id) and ``'length'``;
-* per-row seeds come from ``(params.seed, row)`` exactly as in the HF backend, so a row's
+* per-row seeds are ``params.seeds[row]``, else from ``(params.seed, row)``, exactly as in the
+  HF backend (``models.base.row_seed``), so a row's
   sample does not depend on the rest of the batch (the streams differ from HF's, of course).
 
 Platforms: whatever vLLM's ``current_platform`` is, not ``torch.cuda``. The same code runs on
@@ -41,8 +42,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.models.base import GenerationOutput, SamplingParams
-from zsearch_cli.models.hf import _row_seed
+from zsearch_cli.models.base import GenerationOutput, SamplingParams, check_seeds, row_seed
 from zsearch_cli.models.loading import load_tokenizer, resolve_dtype, resolve_model_path
 
 VLLM_MISSING = ("vLLM is not installed: pip install 'zsearch[gpu]' on a CUDA machine (needs a CUDA torch "
@@ -189,7 +189,7 @@ class VLLMBackend:
             skip_special_tokens=False,
             spaces_between_special_tokens=False,
             logprobs=0,
-            seed=None if params.seed is None else _row_seed(params.seed, row),
+            seed=row_seed(params, row),
         )
 
     def generate(
@@ -210,6 +210,7 @@ class VLLMBackend:
             return [GenerationOutput(token_ids=[], logprobs=[], finish_reason="length") for _ in prompts]
         if not prompts:
             return []
+        check_seeds(params, len(prompts))
         stop = [s for s in stop if s]
         requests = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
         sampling = [self._sampling_params(params, stop, row) for row in range(len(prompts))]

@@ -9,6 +9,9 @@ ZeroSearch train on; the chat template is applied to the prompt only.
 
 One loop serves every protocol: the protocol parses an action and renders an
 observation, the engine does the rest (batching, limits, search calls, bookkeeping).
+Two schedulers drive the same per-sample steps (:meth:`RolloutEngine.generate_turn` and
+:meth:`RolloutEngine.observe`): ``sync`` (here: a turn barrier) and ``async``
+(``async_engine.py``: no barrier); per-sample seeds make them sample alike.
 """
 
 from __future__ import annotations
@@ -18,16 +21,19 @@ from typing import Any, Callable, Sequence
 
 from zsearch_cli.cli_options import uses
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.models.base import GenerationBackend, SamplingParams
+from zsearch_cli.models.base import GenerationBackend, SamplingParams, mix_seed
 from zsearch_cli.options import RolloutOptions
 from zsearch_cli.retrieval.base import Passage
 from zsearch_cli.rollout.trajectory import Trajectory
-from zsearch_cli.search.base import SearchBackend, SearchBackendError, SearchRequest
+from zsearch_cli.search.base import SearchBackend, SearchBackendError, SearchRequest, SearchResult
+
+
+ROLLOUT_MODES = ("sync", "async")
 
 
 @dataclass
 @uses(RolloutOptions, "max_turns", "max_turn_tokens", "max_obs_tokens", "max_context_tokens", "topk", "temperature",
-      "top_p")
+      "top_p", "rollout_mode", "search_concurrency")
 class RolloutConfig:
     """Limits and sampling for one rollout batch (defaults: Search-R1). The limits are declared
     once, in ``options.RolloutOptions``: ordinary turns (then one final turn in which no search
@@ -36,7 +42,7 @@ class RolloutConfig:
     shrink to fit, and a sample that runs out ends with finish 'context')."""
 
     seed: int = 0
-    """Every turn's sampling seed derives from this, the step and the turn index."""
+    """Every turn's sampling seed derives from this, the step, the sample and the turn index."""
     chat_template: bool = True
     """Wrap the prompt in the tokenizer's chat template when it has one."""
 
@@ -56,6 +62,8 @@ class _Sample:
     sample_index: int
     group_id: str
     prompt_ids: list[int]
+    seed_key: str = ""
+    """The row's part of the sample's identity in its sampling seeds (see :func:`sample_seed`)."""
     response_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -79,9 +87,24 @@ class _Sample:
         return len(self.prompt_ids) + len(self.response_ids)
 
 
-def turn_seed(seed: int, step: int, turn: int) -> int:
-    """A distinct, reproducible sampling seed per (run seed, step, turn)."""
-    return (seed * 1_000_003 + step * 10_007 + turn * 101) % (2**31 - 1)
+def sample_seed(seed: int, step: int, row_key: str, sample_index: int, turn: int) -> int:
+    """The sampling seed of one turn of one sample: it names the sample (run seed, step, row,
+    sample index) and the turn, so it is the same whichever batch the turn is generated in."""
+    return mix_seed(seed, step, row_key, sample_index, turn)
+
+
+class _Finisher:
+    """Ends samples and reports each row once all of its ``group_size`` samples have ended."""
+
+    def __init__(self, rows: Sequence[QARow], group_size: int, on_row_done: Callable[[int], None] | None):
+        self.rows_left = {row.id: group_size for row in rows}
+        self.on_row_done = on_row_done
+
+    def finish(self, s: _Sample, reason: str) -> None:
+        s.finish = reason
+        self.rows_left[s.row.id] -= 1
+        if self.rows_left[s.row.id] == 0 and self.on_row_done is not None:
+            self.on_row_done(1)
 
 
 class RolloutEngine:
@@ -97,6 +120,8 @@ class RolloutEngine:
         self.protocol = protocol
         self.search = search
         self.config = config or RolloutConfig()
+        if self.config.rollout_mode not in ROLLOUT_MODES:
+            raise ZsearchError(f"unknown --rollout-mode {self.config.rollout_mode!r}: use one of {', '.join(ROLLOUT_MODES)}")
         self._rust = getattr(self.tokenizer, "backend_tokenizer", None)
 
     # ------------------------------------------------------------------ prompt
@@ -167,9 +192,30 @@ class RolloutEngine:
         on_row_done: Callable[[int], None] | None = None,
     ) -> list[Trajectory]:
         """Roll out ``group_size`` samples per row; returns one :class:`Trajectory` per
-        sample, ordered row-major."""
+        sample, ordered row-major. ``config.rollout_mode`` picks the scheduler: ``sync``
+        (below: one turn of every sample, then that turn's searches) or ``async``
+        (:mod:`zsearch_cli.rollout.async_engine`); both give the same trajectories."""
+        samples = self._samples(rows, group_size, step)
+        done = _Finisher(rows, group_size, on_row_done)
+        if self.config.rollout_mode == "async":
+            from zsearch_cli.rollout.async_engine import rollout_async
+
+            rollout_async(self, samples, step, done)
+        else:
+            for _ in range(self.config.max_turns + 1):
+                active = [s for s in samples if s.finish is None]
+                if not active:
+                    break
+                pending = self.generate_turn(active, step, done)
+                if pending:
+                    results = self._search_all(pending, samples, step)
+                    self.observe(list(zip([s for s, _ in pending], results)), done)
+        return self._trajectories(samples)
+
+    def _samples(self, rows: Sequence[QARow], group_size: int, step: int) -> list[_Sample]:
         cfg = self.config
         samples: list[_Sample] = []
+        seen: dict[str, int] = {}
         for row in rows:
             prompt = self.encode_prompt(row)
             if len(prompt) >= cfg.max_context_tokens:
@@ -178,88 +224,104 @@ class RolloutEngine:
                     f"{cfg.max_context_tokens}"
                 )
             group_id = f"{step}:{row.id}"
-            samples += [_Sample(row, g, group_id, prompt) for g in range(group_size)]
-        rows_left = {row.id: group_size for row in rows}
+            # A repeated row id gets its own streams, as it would at another batch position.
+            seen[row.id] = seen.get(row.id, -1) + 1
+            key = row.id if seen[row.id] == 0 else f"{row.id}~{seen[row.id]}"
+            samples += [_Sample(row, g, group_id, prompt, seed_key=key) for g in range(group_size)]
+        return samples
 
-        def finish(s: _Sample, reason: str) -> None:
-            s.finish = reason
-            rows_left[s.row.id] -= 1
-            if rows_left[s.row.id] == 0 and on_row_done is not None:
-                on_row_done(1)
+    def generate_turn(self, batch: Sequence[_Sample], step: int, done: "_Finisher") -> list[tuple[_Sample, Any]]:
+        """Generate the next turn of every sample in ``batch`` (one backend call) and record it;
+        returns the ``(sample, action)`` pairs whose search should run now."""
+        cfg = self.config
+        # Each sample's seed names the sample and its turn, never its place in the batch, so
+        # the scheduler (sync or async, which samples share a call) cannot change what it samples.
+        params = SamplingParams(
+            max_new_tokens=cfg.max_turn_tokens,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            seeds=tuple(sample_seed(cfg.seed, step, s.seed_key, s.sample_index, len(s.turns)) for s in batch),
+        )
+        outs = self.backend.generate([s.prompt_ids + s.response_ids for s in batch], params,
+                                     stop=self.protocol.stop_strings)
+        clipped = [list(o.token_ids)[: max(0, cfg.max_context_tokens - s.length)] for s, o in zip(batch, outs)]
+        texts = self._decode_many(clipped)  # to parse the action only; the ids are kept as sampled
+        pending: list[tuple[_Sample, Any]] = []
+        for s, out, ids, text in zip(batch, outs, clipped, texts):
+            action = self._record_turn(s, out, ids, text, done)
+            if action is not None:
+                pending.append((s, action))
+        return pending
 
-        for turn in range(cfg.max_turns + 1):
-            active = [s for s in samples if s.finish is None]
-            if not active:
-                break
-            final_turn = turn == cfg.max_turns
-            params = SamplingParams(
-                max_new_tokens=cfg.max_turn_tokens,
-                temperature=cfg.temperature,
-                top_p=cfg.top_p,
-                seed=turn_seed(cfg.seed, step, turn),
-            )
-            outs = self.backend.generate([s.prompt_ids + s.response_ids for s in active], params,
-                                         stop=self.protocol.stop_strings)
-            pending: list[tuple[_Sample, Any]] = []
-            clipped = [list(o.token_ids)[: max(0, cfg.max_context_tokens - s.length)] for s, o in zip(active, outs)]
-            texts = self._decode_many(clipped)  # to parse the action only; the ids are kept as sampled
-            for s, out, ids, text in zip(active, outs, clipped, texts):
-                over_budget = len(ids) < len(out.token_ids)
-                s.extend(ids, list(out.logprobs)[: len(ids)])
-                action = self.protocol.parse(text)
-                s.turns.append({"turn": turn, "text": text, "action": action.kind, "queries": list(action.queries),
-                                "error": action.error, "finish": out.finish_reason, "sampled_tokens": len(ids)})
-                if over_budget:
-                    finish(s, "context")
-                elif action.kind == "answer":
-                    s.prediction = action.answer
-                    finish(s, "answer")
-                elif action.kind == "search" and not final_turn:
-                    pending.append((s, action))
-                elif final_turn:
-                    finish(s, "max_turns" if action.kind == "search" else out.finish_reason)
-                elif out.finish_reason == "eos":
-                    # The model closed its turn without an action. Search-R1 decodes with
-                    # skip_special_tokens and keeps going past the EOS; we end the episode.
-                    finish(s, "eos")
-                elif self.protocol.end_on_invalid:
-                    s.invalid += 1
-                    finish(s, "invalid")  # Dr. Zero ends a tool-call trajectory on a malformed turn
-                else:
-                    s.invalid += 1
-                    obs = self._encode(self.protocol.render_invalid(action))
-                    if s.length + len(obs) >= cfg.max_context_tokens:
-                        finish(s, "context")
-                    else:
-                        s.extend(obs, None)
-            self._run_searches(pending, samples, step, finish)
+    def _record_turn(self, s: _Sample, out: Any, ids: list[int], text: str, done: "_Finisher") -> Any:
+        """Append one generated turn to ``s`` and decide what follows: the episode ends, an
+        invalid-action message is inserted, or (returned) the action whose search must run."""
+        cfg = self.config
+        turn = len(s.turns)
+        final_turn = turn == cfg.max_turns
+        over_budget = len(ids) < len(out.token_ids)
+        s.extend(ids, list(out.logprobs)[: len(ids)])
+        action = self.protocol.parse(text)
+        s.turns.append({"turn": turn, "text": text, "action": action.kind, "queries": list(action.queries),
+                        "error": action.error, "finish": out.finish_reason, "sampled_tokens": len(ids)})
+        if over_budget:
+            done.finish(s, "context")
+        elif action.kind == "answer":
+            s.prediction = action.answer
+            done.finish(s, "answer")
+        elif action.kind == "search" and not final_turn:
+            if self.search is None:
+                raise ZsearchError("the model issued a search but no search backend is configured")
+            return action
+        elif final_turn:
+            done.finish(s, "max_turns" if action.kind == "search" else out.finish_reason)
+        elif out.finish_reason == "eos":
+            # The model closed its turn without an action. Search-R1 decodes with
+            # skip_special_tokens and keeps going past the EOS; we end the episode.
+            done.finish(s, "eos")
+        elif self.protocol.end_on_invalid:
+            s.invalid += 1
+            done.finish(s, "invalid")  # Dr. Zero ends a tool-call trajectory on a malformed turn
+        else:
+            s.invalid += 1
+            obs = self._encode(self.protocol.render_invalid(action))
+            if s.length + len(obs) >= cfg.max_context_tokens:
+                done.finish(s, "context")
+            else:
+                s.extend(obs, None)
+        return None
 
-        return self._trajectories(samples)
+    @staticmethod
+    def search_requests(s: _Sample, action: Any) -> list[SearchRequest]:
+        """One request per query of ``action``, each carrying the row that issued it."""
+        return [SearchRequest(q, s.row.id, s.row.question, tuple(s.row.golden_answers), s.sample_index)
+                for q in action.queries]
 
-    def _run_searches(self, pending, samples, step, finish) -> None:
-        if not pending:
-            return
-        requests: list[SearchRequest] = []
-        owners: list[int] = []
-        for i, (s, action) in enumerate(pending):
-            for q in action.queries:
-                requests.append(SearchRequest(q, s.row.id, s.row.question, tuple(s.row.golden_answers), s.sample_index))
-                owners.append(i)
-        if self.search is None:
-            raise ZsearchError("the model issued a search but no search backend is configured")
+    def _search_all(self, pending, samples, step) -> list[list[SearchResult]]:
+        """Every pending search of a turn in one backend call; the results per sample."""
+        per_sample = [self.search_requests(s, action) for s, action in pending]
         try:
-            results = self.search.search(requests, self.config.topk)
+            results = self.search.search([r for reqs in per_sample for r in reqs], self.config.topk)
         except ZsearchError as err:
-            done = self._trajectories([s for s in samples if s.finish is not None])
-            raise SearchBackendError(f"search backend failed at step {step}: {err}", completed=done) from None
-        per_sample: list[list[Any]] = [[] for _ in pending]
-        for owner, res in zip(owners, results):
-            per_sample[owner].append(res)
+            raise self.search_failed(err, samples, step) from None
+        out, at = [], 0
+        for reqs in per_sample:
+            out.append(list(results[at : at + len(reqs)]))
+            at += len(reqs)
+        return out
+
+    def search_failed(self, err: ZsearchError, samples: Sequence[_Sample], step: int) -> SearchBackendError:
+        """The error to raise when the backend fails: it carries the trajectories already finished."""
+        done = self._trajectories([s for s in samples if s.finish is not None])
+        return SearchBackendError(f"search backend failed at step {step}: {err}", completed=done)
+
+    def observe(self, found: Sequence[tuple[_Sample, list[SearchResult]]], done: "_Finisher") -> None:
+        """Insert each sample's observation (its search results, rendered within budget)."""
         # Render every observation and tokenize them in one batched call; only the few that
         # exceed their budget go through the passage-dropping loop.
-        texts = [self.protocol.render_observation([r.passages for r in res]) for res in per_sample]
+        texts = [self.protocol.render_observation([r.passages for r in res]) for _, res in found]
         encoded = self._encode_many(texts)
-        for (s, action), res, obs in zip(pending, per_sample, encoded):
+        for (s, res), obs in zip(found, encoded):
             s.searches += 1
             budget = min(self.config.max_obs_tokens, self.config.max_context_tokens - s.length - 1)
             dropped = 0
@@ -275,7 +337,7 @@ class RolloutEngine:
             if any(r.log for r in res):
                 log["search_log"] = [r.log for r in res]
             if not obs:
-                finish(s, "context")
+                done.finish(s, "context")
                 continue
             s.extend(obs, None)
 

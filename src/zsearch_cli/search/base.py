@@ -48,6 +48,9 @@ class SearchBackend:
     defaults, so the trainer calls them on any backend without probing for them."""
 
     name: str = "search"
+    thread_safe: bool = False
+    """True when :meth:`search` may run on several threads at once: the async rollout mode then
+    keeps up to ``--search-concurrency`` calls in flight (otherwise one at a time)."""
 
     def search(self, requests: Sequence[SearchRequest], topk: int) -> list[SearchResult]:
         """All of a turn's queries in one batched call; one result per request, in order."""

@@ -15,6 +15,7 @@ from zsearch_cli.errors import ZsearchError
 
 
 class HTTPSearch(SearchBackend):
+    thread_safe = True  # RetrievalClient keeps one session per thread
     def __init__(self, url: str, timeout: float = 60.0, retries: int = 3, backoff: float = 0.5):
         from zsearch_cli.retrieval.client import RetrievalClient
 

@@ -49,7 +49,7 @@ from zsearch_cli.train.validation import Validator
 
 RESUME_MAY_CHANGE = {"steps", "save_every", "keep_checkpoints", "resume", "report_to", "save_rollouts", "out",
                      "device", "backend", "preset", "val_data", "val_every", "val_limit", "val_search",
-                     "val_allow_sim"}
+                     "val_allow_sim", "rollout_mode", "search_concurrency"}
 """Options that may differ between a run and its --resume; any other change is refused."""
 
 SYNC_PROBE = ("Question: who wrote the novel pride and prejudice? <think> I need to search. </think> "

@@ -1,0 +1,149 @@
+"""Async rollouts (``--rollout-mode async``): the engine's loop without the turn barrier.
+
+The sync loop generates one turn of every active sample, then runs every search of that
+turn, then the next turn: the generator waits for the slowest search of each turn, and the
+search backend waits for the longest generation. Here each sample advances on its own:
+
+* a sample whose turn asks for a search goes to a pool of search threads, while the main
+  thread keeps generating for the samples that are ready;
+* each generate call takes whatever is ready, at most the backend's ``max_batch_size``
+  (the HF backend's batch; a bigger call would run in sequential chunks anyway), so the
+  first chunk's searches run while the next chunk generates;
+* a finished search's observation is inserted as soon as the main thread is between two
+  generate calls, and the sample rejoins the queue.
+
+What a sample contains does not depend on this schedule: the per-sample steps are the sync
+engine's own (:meth:`RolloutEngine.generate_turn`, :meth:`RolloutEngine.observe`), and
+every turn's sampling seed names the sample and turn, not the batch (``sample_seed``).
+
+Search calls run on worker threads, and each call carries every search waiting when it
+starts (batching, as the sync engine's one call per turn does: a retriever or the
+simulator's model is faster on a batch). A backend with ``thread_safe = True`` (a class
+attribute: the HTTP retriever) gets up to ``search_concurrency`` calls in flight at once, so
+one chunk's slow call does not hold up the next chunk's; any other backend (the simulator's
+model, an in-process index, SerpAPI's shared session) gets one call at a time. Measured
+(``bench/rollout.py --modes``): splitting the waiting searches into one call per sample
+instead loses when latency is constant (16 workers cannot keep up with the generator) and
+gains little on a heavy tail, so calls stay batched.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections import deque
+from typing import TYPE_CHECKING, Any, Sequence
+
+from zsearch_cli.errors import ZsearchError
+from zsearch_cli.search.base import SearchBackend, SearchRequest, SearchResult
+
+if TYPE_CHECKING:
+    from zsearch_cli.rollout.engine import RolloutEngine, _Finisher, _Sample
+
+
+class SearchPool:
+    """Worker threads that run search calls; results come back through :meth:`finished`.
+    Every call takes all the jobs waiting; ``thread_safe`` backends get ``workers`` threads
+    (calls in flight at once), others one."""
+
+    def __init__(self, search: SearchBackend, topk: int, workers: int):
+        self.search, self.topk = search, topk
+        self._waiting: deque[tuple[Any, list[SearchRequest]]] = deque()
+        self._cond = threading.Condition()
+        self._done: queue.Queue = queue.Queue()
+        self._closed = False
+        # Daemon threads: after a failure, calls still in flight are abandoned, not awaited.
+        n = max(1, workers) if getattr(search, "thread_safe", False) else 1
+        self._threads = [threading.Thread(target=self._work, name=f"zsearch-search-{i}", daemon=True)
+                         for i in range(n)]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, jobs: list[tuple[Any, list[SearchRequest]]]) -> None:
+        """Queue ``(job, requests)`` pairs, all at once, so that one call takes them together."""
+        with self._cond:
+            self._waiting.extend(jobs)
+            self._cond.notify()
+
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._waiting and not self._closed:
+                    self._cond.wait()
+                if self._closed:
+                    return
+                jobs = list(self._waiting)
+                self._waiting.clear()
+            try:
+                results = self.search.search([r for _, reqs in jobs for r in reqs], self.topk)
+            except BaseException as err:  # handed to the main thread, which raises it
+                self._done.put(err)
+                continue
+            at = 0
+            for job, reqs in jobs:
+                self._done.put((job, list(results[at : at + len(reqs)])))
+                at += len(reqs)
+
+    def finished(self, block: bool) -> list[tuple[Any, list[SearchResult]]]:
+        """The jobs done since the last call (waiting for one when ``block``), in the order
+        they finished; a failed call's exception is raised here."""
+        out = []
+        try:
+            item = self._done.get(block=block)
+            while True:
+                if isinstance(item, BaseException):
+                    raise item
+                out.append(item)
+                item = self._done.get_nowait()
+        except queue.Empty:
+            return out
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+
+def _check_separate_models(engine: "RolloutEngine") -> None:
+    """A simulator that writes documents with the policy's own model object cannot search
+    while the policy generates (one HF model is not safe on two threads at once)."""
+    sim_model = getattr(getattr(engine.search, "generator", None), "model", None)
+    if sim_model is not None and sim_model is getattr(engine.backend, "model", None):
+        raise ZsearchError("the search simulator shares the policy's model, which cannot run on two threads "
+                           "at once: use --rollout-mode sync, or give the simulator its own model")
+
+
+def rollout_async(engine: "RolloutEngine", samples: Sequence["_Sample"], step: int, done: "_Finisher") -> None:
+    """Advance every sample to its end (see the module docstring); fills ``samples`` in place."""
+    cfg = engine.config
+    _check_separate_models(engine)
+    capacity = getattr(engine.backend, "max_batch_size", None) or len(samples) or 1
+    ready: deque[_Sample] = deque(samples)
+    searching = 0
+    pool: SearchPool | None = None
+    try:
+        while ready or searching:
+            if searching:
+                try:
+                    found = pool.finished(block=not ready)
+                except ZsearchError as err:
+                    raise engine.search_failed(err, samples, step) from None
+                searching -= len(found)
+                if found:
+                    engine.observe(found, done)
+                    ready.extend(s for s, _ in found if s.finish is None)
+            if not ready:
+                continue
+            batch = [ready.popleft() for _ in range(min(capacity, len(ready)))]
+            pending = engine.generate_turn(batch, step, done)
+            if pending:
+                if pool is None:
+                    pool = SearchPool(engine.search, cfg.topk, cfg.search_concurrency)
+                pool.submit([(s, engine.search_requests(s, action)) for s, action in pending])
+                searching += len(pending)
+            # A turn that needs no search (an invalid action, answered with a message) goes on at once.
+            searched = {id(s) for s, _ in pending}
+            ready.extend(s for s in batch if s.finish is None and id(s) not in searched)
+    finally:
+        if pool is not None:
+            pool.close()
