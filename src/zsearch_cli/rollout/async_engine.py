@@ -35,7 +35,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Sequence
 
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.search.base import SearchBackend, SearchRequest, SearchResult
+from zsearch_cli.search.base import SearchBackend, SearchRequest, SearchResult, search_grouped
 
 if TYPE_CHECKING:
     from zsearch_cli.rollout.engine import RolloutEngine, _Finisher, _Sample
@@ -75,14 +75,12 @@ class SearchPool:
                 jobs = list(self._waiting)
                 self._waiting.clear()
             try:
-                results = self.search.search([r for _, reqs in jobs for r in reqs], self.topk)
+                results = search_grouped(self.search, [reqs for _, reqs in jobs], self.topk)
             except BaseException as err:  # handed to the main thread, which raises it
                 self._done.put(err)
                 continue
-            at = 0
-            for job, reqs in jobs:
-                self._done.put((job, list(results[at : at + len(reqs)])))
-                at += len(reqs)
+            for (job, _), found in zip(jobs, results):
+                self._done.put((job, found))
 
     def finished(self, block: bool) -> list[tuple[Any, list[SearchResult]]]:
         """The jobs done since the last call (waiting for one when ``block``), in the order

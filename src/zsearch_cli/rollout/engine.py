@@ -25,7 +25,7 @@ from zsearch_cli.models.base import GenerationBackend, SamplingParams, mix_seed
 from zsearch_cli.options import RolloutOptions
 from zsearch_cli.retrieval.base import Passage
 from zsearch_cli.rollout.trajectory import Trajectory
-from zsearch_cli.search.base import SearchBackend, SearchBackendError, SearchRequest, SearchResult
+from zsearch_cli.search.base import SearchBackend, SearchBackendError, SearchRequest, SearchResult, search_grouped
 
 
 ROLLOUT_MODES = ("sync", "async")
@@ -299,16 +299,10 @@ class RolloutEngine:
 
     def _search_all(self, pending, samples, step) -> list[list[SearchResult]]:
         """Every pending search of a turn in one backend call; the results per sample."""
-        per_sample = [self.search_requests(s, action) for s, action in pending]
         try:
-            results = self.search.search([r for reqs in per_sample for r in reqs], self.config.topk)
+            return search_grouped(self.search, [self.search_requests(s, a) for s, a in pending], self.config.topk)
         except ZsearchError as err:
             raise self.search_failed(err, samples, step) from None
-        out, at = [], 0
-        for reqs in per_sample:
-            out.append(list(results[at : at + len(reqs)]))
-            at += len(reqs)
-        return out
 
     def search_failed(self, err: ZsearchError, samples: Sequence[_Sample], step: int) -> SearchBackendError:
         """The error to raise when the backend fails: it carries the trajectories already finished."""

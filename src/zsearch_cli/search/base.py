@@ -64,3 +64,14 @@ class SearchBackend:
         """Numbers to log for the current step, without a namespace (the trainer logs them as
         ``search/<name>``); e.g. the simulator's noise probability ``noise_p``."""
         return {}
+
+
+def search_grouped(search: SearchBackend, groups: Sequence[list[SearchRequest]], topk: int) -> list[list[SearchResult]]:
+    """All ``groups`` of requests in one backend call (a retriever or a simulator is faster
+    on a batch); the results split back per group. Both rollout schedulers search this way."""
+    results = search.search([r for reqs in groups for r in reqs], topk)
+    out, at = [], 0
+    for reqs in groups:
+        out.append(list(results[at : at + len(reqs)]))
+        at += len(reqs)
+    return out
