@@ -14,7 +14,7 @@ from zsearch_cli.retrieval.topk import top_k
 from zsearch_cli.retrieval.index import build_index, load_index
 from zsearch_cli.retrieval import maxscore
 from zsearch_cli.retrieval.maxscore import (ImpactIndex, block_pointers, block_upper_bounds, kernel_top_k,
-                                             maxscore_top_k, term_upper_bounds)
+                                             kernel_top_k_batch, maxscore_top_k, term_upper_bounds)
 
 needs_kernel = pytest.mark.skipif(not maxscore.KERNEL, reason="the C loop is not built (make setup builds it, "
                                                                 "and make test refuses to run without it)")
@@ -113,6 +113,49 @@ def test_c_loop_ties_and_bad_input() -> None:
         kernel_top_k([2], 3, ix)  # the searcher never sends one; the loop still refuses it
     with pytest.raises(TypeError):
         kernel_top_k([0], 3, ImpactIndex(data.astype(np.float64), indices, indptr, ix.term_max, 6))
+
+
+@needs_kernel
+@pytest.mark.parametrize("seed", range(4))
+def test_c_batch_equals_the_reference_query_by_query(seed: int) -> None:
+    """top_k_batch (one C call for a chunk of queries; what the searcher's threads run) gives
+    every query exactly the reference list: queries of different lengths share its scratch
+    buffers, so a buffer sized for the first query, or a heap not reset between queries, or
+    hits written at the wrong row offset would show here. Empty queries get no hits, and the
+    slots past a query's hits keep their fill value (-1 rows), as the searcher expects."""
+    rng = np.random.default_rng(200 + seed)
+    n_docs, n_terms = int(rng.integers(1, 3000)), int(rng.integers(1, 40))
+    data, indices, indptr = random_csc(rng, n_docs, n_terms, levels=int(rng.integers(1, 5)))
+    ix = ImpactIndex(data, indices, indptr, term_upper_bounds(data, indptr), n_docs)
+    queries = [rng.integers(0, n_terms, size=int(rng.integers(0, 12 if rng.random() < 0.9 else 120))).tolist()
+               for _ in range(80)]
+    for k in (1, 3, 25, n_docs + 5):
+        scores, rows = np.zeros((len(queries), k), np.float32), np.full((len(queries), k), -1, np.int64)
+        kernel_top_k_batch(queries, k, ix, scores, rows)
+        for i, query in enumerate(queries):
+            want_s, want_r = exhaustive(query, k, data, indices, indptr, n_docs) if query else (
+                np.zeros(0, np.float32), np.zeros(0, np.int64))
+            assert rows[i, : len(want_r)].tolist() == want_r.tolist(), (i, query, k)
+            assert (rows[i, len(want_r):] == -1).all() and (scores[i, len(want_r):] == 0).all()
+            assert scores[i, : len(want_s)].tobytes() == want_s.astype(np.float32).tobytes(), (i, query, k)
+
+
+@needs_kernel
+def test_c_batch_refuses_bad_input() -> None:
+    data = np.array([1.0, 0.5], dtype=np.float32)
+    indices, indptr = np.array([0, 1], dtype=np.int32), np.array([0, 2], dtype=np.int64)
+    ix = ImpactIndex(data, indices, indptr, term_upper_bounds(data, indptr), 2)
+    out_s, out_r, counts = np.zeros(6, np.float32), np.zeros(6, np.int64), np.zeros(2, np.int64)
+    kernel = maxscore._kernel
+    with pytest.raises(IndexError, match="outside the index's 1 terms"):
+        kernel.top_k_batch(indptr, indices, data, ix.term_max, np.array([0, 1], np.int64),
+                           np.array([0, 1, 2], np.int64), 3, out_s, out_r, counts)
+    with pytest.raises(ValueError, match="out of order"):
+        kernel.top_k_batch(indptr, indices, data, ix.term_max, np.array([0, 0], np.int64),
+                           np.array([0, 2, 1], np.int64), 3, out_s, out_r, counts)
+    with pytest.raises(ValueError, match="outputs of queries"):
+        kernel.top_k_batch(indptr, indices, data, ix.term_max, np.array([0, 0], np.int64),
+                           np.array([0, 1, 2], np.int64), 4, out_s, out_r, counts)
 
 
 def test_term_upper_bounds_are_column_maxima() -> None:

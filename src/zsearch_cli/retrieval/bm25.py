@@ -52,7 +52,7 @@ from zsearch_cli.retrieval.maxscore import (
     KERNEL,
     ImpactIndex,
     block_upper_bounds,
-    kernel_top_k,
+    kernel_top_k_batch,
     maxscore_top_k,
     term_upper_bounds,
 )
@@ -356,8 +356,6 @@ class BM25Searcher:
             if self.backend != "bm25s":
                 return top_k(self._scores(q), k)
             indptr, indices = self.model.scores["indptr"], self.model.scores["indices"]
-            if self.mode == "maxscore" and KERNEL:
-                return kernel_top_k(q, k, self.impacts)
             if self.mode.startswith("maxscore"):
                 return maxscore_top_k(q, k, self.impacts)
             # Only passages in a query term's posting list can score above 0.
@@ -365,14 +363,32 @@ class BM25Searcher:
             postings = np.concatenate([indices[indptr[t] : indptr[t + 1]] for t in terms])
             return top_k(self._scores(q), k, postings, len(terms))
 
+        scores = np.zeros((len(ids), max(k, 0)), dtype=np.float32)
+        rows = np.full((len(ids), max(k, 0)), -1, dtype=np.int64)
+        if self.backend == "bm25s" and self.mode == "maxscore" and KERNEL:
+            # The C loop takes a chunk of queries per call; a big batch is cut into a few
+            # chunks per thread (balanced even when some queries cost far more than others).
+            parallel = len(ids) >= self.PARALLEL_MIN and self.n_threads > 1
+            n_chunks = 4 * self.n_threads if parallel else 1
+            bounds = np.linspace(0, len(ids), min(n_chunks, len(ids)) + 1).astype(int)
+            chunks = [(a, b) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+            def chunk(span: tuple[int, int]) -> None:
+                a, b = span
+                kernel_top_k_batch(ids[a:b], k, self.impacts, scores[a:b], rows[a:b])
+
+            if parallel:
+                list(self._executor().map(chunk, chunks))
+            else:
+                for span in chunks:
+                    chunk(span)
+            return scores, rows
         if len(ids) >= self.PARALLEL_MIN and self.n_threads > 1 and self.backend == "bm25s":
             # Big batches (a GRPO step sends 2560 queries) go to the pool query by query:
             # numpy's sorts, searchsorted and partitions release the GIL.
             hits = list(self._executor().map(one, ids))
         else:
             hits = [one(q) for q in ids]
-        scores = np.zeros((len(ids), max(k, 0)), dtype=np.float32)
-        rows = np.full((len(ids), max(k, 0)), -1, dtype=np.int64)
         for i, (s, r) in enumerate(hits):
             scores[i, : len(s)] = s
             rows[i, : len(r)] = r

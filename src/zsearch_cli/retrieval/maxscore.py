@@ -190,6 +190,25 @@ def kernel_top_k(query: Sequence[int], k: int, ix: ImpactIndex) -> tuple[np.ndar
     return scores[:n], rows[:n]
 
 
+def kernel_top_k_batch(queries: Sequence[Sequence[int]], k: int, ix: ImpactIndex,
+                       scores: np.ndarray, rows: np.ndarray) -> None:
+    """:func:`kernel_top_k` for many queries in one C call (one release of the GIL): query
+    ``i``'s hits go to ``scores[i]`` / ``rows[i]`` (C-contiguous ``[len(queries), k]``
+    float32 / int64, best first); the slots past its hits are left as they were."""
+    if k < 1 or not len(queries):
+        return
+    lengths = np.fromiter((len(q) for q in queries), dtype=np.int64, count=len(queries))
+    offsets = np.zeros(len(queries) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    tokens = np.fromiter((t for q in queries for t in q), dtype=np.int64, count=int(offsets[-1]))
+    out_scores, out_rows = np.empty((len(queries), k), np.float32), np.empty((len(queries), k), np.int64)
+    counts = np.empty(len(queries), dtype=np.int64)
+    _kernel.top_k_batch(ix.indptr, ix.indices, ix.data, ix.term_max, tokens, offsets, k, out_scores, out_rows,
+                        counts)
+    hit = np.arange(k)[None, :] < counts[:, None]  # [Q, k]
+    scores[hit], rows[hit] = out_scores[hit], out_rows[hit]
+
+
 def maxscore_top_k(query: Sequence[int], k: int, ix: ImpactIndex) -> tuple[np.ndarray, np.ndarray]:
     """``(scores float32, rows int64)`` of the ``k`` best passages for term ids ``query``
     (query order, duplicates counted), identical to exhaustive scoring; see module doc."""
