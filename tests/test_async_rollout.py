@@ -3,96 +3,18 @@ turn barrier, the search concurrency bound, and search failures."""
 
 from __future__ import annotations
 
-import random
-import threading
 import time
-from dataclasses import replace
-from typing import Any, Sequence
 
 import pytest
 
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.models.base import GenerationOutput, SamplingParams
+from zsearch_cli.models.base import SamplingParams
 from zsearch_cli.retrieval.base import Passage
 from zsearch_cli.rollout.engine import QARow, RolloutConfig, RolloutEngine
 from zsearch_cli.rollout.protocols import TagsProtocol
-from zsearch_cli.search.base import SearchBackend, SearchBackendError, SearchRequest, SearchResult
+from zsearch_cli.search.base import SearchBackend, SearchBackendError, SearchResult
 
-from helpers import ScriptedBackend
-
-
-class SearchingTiny:
-    """The tiny random model, made to act: after its real sampled ids, a turn gets an
-    ``<answer>``, a ``<search>`` block whose query comes from those ids, or nothing (an invalid
-    action), by the sum of the ids modulo 5. The decision depends only on what was sampled, so the same
-    samples give the same trajectory; ``max_batch_size`` is small so async batches vary.
-    ``batched=False`` generates each prompt alone (a batch of one, whatever the engine sends)."""
-
-    max_batch_size = 3
-
-    def __init__(self, inner: Any, batched: bool = True):
-        self.inner, self.tokenizer, self.batched, self.calls = inner, inner.tokenizer, batched, []
-
-    def generate(self, prompts, params, stop=()):
-        self.calls.append(len(prompts))
-        if self.batched:
-            outs = self.inner.generate(prompts, params, stop)
-        else:
-            outs = [self.inner.generate([p], replace(params, seeds=(seed,)), stop)[0]
-                    for p, seed in zip(prompts, params.seeds)]
-        for out in outs:
-            key = sum(out.token_ids)
-            if key % 5 < 4:
-                action = " <answer> x </answer>" if key % 5 == 0 else f" <search> topic {key % 7} </search>"
-                tail = self.tokenizer.encode(action, add_special_tokens=False)
-                out.token_ids, out.logprobs = list(out.token_ids) + tail, list(out.logprobs) + [-0.5] * len(tail)
-                out.finish_reason, out.stop_string = "stop", action.split()[-1]
-        return outs
-
-
-class RandomLatencySearch(SearchBackend):
-    """Answers after a random per-call latency (a seeded RNG's choice of ``latencies``), on
-    real threads, so calls finish in another order than they were made. Passages depend on
-    the query only."""
-
-    thread_safe = True
-    name = "random-latency"
-
-    def __init__(self, seed: int = 0, latencies: tuple[float, ...] = (0.0, 0.2), overtake: bool = False):
-        self.rng, self.latencies, self.lock = random.Random(seed), latencies, threading.Lock()
-        # overtake: the first call also waits (up to 10 s) until a later call has finished, so
-        # answers come back out of order however slow the machine is.
-        self.overtake, self.overtaken = overtake, threading.Event()
-        self.started: list[str] = []
-        self.finished: list[str] = []
-        self.in_flight = self.peak = 0
-
-    @staticmethod
-    def _who(requests: Sequence[SearchRequest]) -> list[tuple[str, int]]:
-        return [(r.row_id, r.sample_index) for r in requests]
-
-    def search(self, requests: Sequence[SearchRequest], topk: int) -> list[SearchResult]:
-        with self.lock:
-            first = not self.started
-            latency = self.rng.choice(self.latencies)
-            self.started.append(self._who(requests))
-            self.in_flight += 1
-            self.peak = max(self.peak, self.in_flight)
-        time.sleep(latency)
-        if first and self.overtake:
-            self.overtaken.wait(timeout=10)
-        with self.lock:
-            self.in_flight -= 1
-            self.finished.append(self._who(requests))
-            if not first:
-                self.overtaken.set()
-        return [SearchResult([Passage(f"{r.query}-{k}", r.query, f"text about {r.query} number {k}")
-                              for k in range(topk)]) for r in requests]
-
-
-ROWS = [QARow(f"r{i}", q, ["x"]) for i, q in enumerate(
-    ["Which river flows through Vienna?", "Who wrote Hamlet?", "What is the capital of Peru?",
-     "When did the Berlin wall fall?", "Which planet is largest?"])]
+from helpers import ROWS, RandomLatencySearch, ScriptedBackend, SearchingTiny
 
 
 @pytest.mark.parametrize("batched", [False, True], ids=["alone", "batched"])

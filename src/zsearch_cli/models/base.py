@@ -81,6 +81,33 @@ class GenerationBackend(Protocol):
         ...
 
 
+class StreamingBackend(GenerationBackend, Protocol):
+    """A backend with continuous batching (vLLM), driven one engine step at a time: requests
+    join and leave the running batch between steps, so the async rollout mode hands a
+    sample back to generation the moment its search returns, and a sample whose turn ended
+    goes to search while the rest keep decoding. Same contract per request as ``generate``
+    (ids and logprobs as sampled, ``params.seeds[i]`` for prompt ``i``)."""
+
+    def submit(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+               stop: Sequence[str] = ()) -> list[str]:
+        """Queue each prompt; returns one request id per prompt. Nothing runs until ``step``."""
+        ...
+
+    def step(self) -> list[tuple[str, GenerationOutput]]:
+        """Run one engine step; returns the requests that finished in it."""
+        ...
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        """Drop requests that are no longer wanted (a failed rollout), so that they never
+        come back from a later step or ``generate`` call."""
+        ...
+
+
+def streams(backend: Any) -> bool:
+    """Whether ``backend`` offers :class:`StreamingBackend`'s step-at-a-time interface."""
+    return all(callable(getattr(backend, name, None)) for name in ("submit", "step", "abort"))
+
+
 LOGP_TOLERANCE = {"float32": 1e-3, "bfloat16": 5e-2, "float16": 2e-2}
 """How far the generation backend's logprob of a token may be from the training model's
 forward for the same weights, in nats, by compute dtype (see :func:`logp_tolerance`).

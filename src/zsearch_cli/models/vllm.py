@@ -37,6 +37,7 @@ until a backend is built.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -128,6 +129,14 @@ def _finish(completion: Any) -> tuple[str, str | None]:
     raise ZsearchError(f"vLLM ended a request with finish_reason={reason!r} (aborted?)")
 
 
+def _output(request: Any) -> GenerationOutput:
+    """Our :class:`GenerationOutput` from one finished vLLM ``RequestOutput``."""
+    completion = request.outputs[0]
+    reason, stop_string = _finish(completion)
+    return GenerationOutput(token_ids=list(completion.token_ids), logprobs=_sampled_logprobs(completion),
+                            finish_reason=reason, stop_string=stop_string)
+
+
 def _sampled_logprobs(completion: Any) -> list[float]:
     """The logprob of each sampled token from vLLM's per-position ``{id: Logprob}`` maps."""
     entries = completion.logprobs
@@ -177,6 +186,9 @@ class VLLMBackend:
             **llm_kwargs,
         )
         self.dtype = self.llm.llm_engine.model_config.dtype
+        self._running: set[str] = set()  # submitted, not yet returned by step()
+        self._finished_early: list[tuple[str, GenerationOutput]] = []  # nothing to generate
+        self._request_ids = itertools.count()
 
     def _sampling_params(self, params: SamplingParams, stop: Sequence[str], row: int) -> Any:
         return self._vllm.SamplingParams(
@@ -199,6 +211,73 @@ class VLLMBackend:
         stop: Sequence[str] = (),
     ) -> list[GenerationOutput]:
         """Continue each prompt (see the module docstring for the contract)."""
+        self._check_idle("generate()")
+        requests = self._requests(prompts, params, stop)
+        if requests is None:  # vLLM rejects max_tokens=0
+            return [GenerationOutput(token_ids=[], logprobs=[], finish_reason="length") for _ in prompts]
+        results = self.llm.generate(requests[0], sampling_params=requests[1], use_tqdm=False)
+        return [_output(request) for request in results]
+
+    # ----------------------------------------------- continuous batching (StreamingBackend)
+    # The async rollout mode drives the engine one step at a time: requests join the running
+    # batch between steps and leave it when they finish, so no turn waits for the longest
+    # generation of its batch. Why not vLLM's AsyncLLM: it always runs the engine core in
+    # another process (AsyncMPClient), and the weight sync hands the worker live tensors,
+    # which only works in this process (see the class docstring). LLM.enqueue plus
+    # LLMEngine.step is the same scheduler (the engine core's continuous batching) in-process.
+
+    def submit(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+               stop: Sequence[str] = ()) -> list[str]:
+        """Queue each prompt in the engine; returns their request ids (see :meth:`step`)."""
+        requests = self._requests(prompts, params, stop)
+        if requests is None:  # nothing to generate: finished at the next step
+            ids = [f"zsearch-{next(self._request_ids)}" for _ in prompts]
+            self._finished_early += [(rid, GenerationOutput([], [], "length")) for rid in ids]
+            return ids
+        # Our own request ids: LLM.enqueue returns the engine's internal ids, while finished
+        # outputs carry the external ones. The "zsearch-" prefix keeps them apart from the ids
+        # LLM.generate numbers its own requests with.
+        from vllm.sampling_params import RequestOutputKind
+
+        ids = []
+        for prompt, sampling in zip(*requests):
+            rid = f"zsearch-{next(self._request_ids)}"
+            sampling.output_kind = RequestOutputKind.FINAL_ONLY  # as LLM.generate: finished outputs only
+            self.llm.llm_engine.add_request(rid, prompt, sampling)
+            self._running.add(rid)
+            ids.append(rid)
+        return ids
+
+    def step(self) -> list[tuple[str, GenerationOutput]]:
+        """One engine step (a prefill chunk or one decode token for the running batch);
+        returns the requests that finished in it."""
+        done, self._finished_early = self._finished_early, []
+        if self._running:
+            for request in self.llm.llm_engine.step():
+                if request.finished:
+                    self._running.discard(request.request_id)
+                    done.append((request.request_id, _output(request)))
+        return done
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        """Drop unfinished requests from the engine."""
+        ids = [rid for rid in request_ids if rid in self._running]
+        if ids and self.llm is not None:
+            self.llm.llm_engine.abort_request(ids)
+        self._running.difference_update(ids)
+        self._finished_early = [(rid, out) for rid, out in self._finished_early if rid not in set(request_ids)]
+
+    def _check_idle(self, what: str) -> None:
+        """``LLM.generate`` runs the engine until no request is left, so it would swallow
+        submitted requests (and a weight sync would change them mid-turn)."""
+        if self._running:
+            raise ZsearchError(f"{what} while {len(self._running)} submitted requests are unfinished: "
+                               "step() them to the end or abort() them first")
+
+    def _requests(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                  stop: Sequence[str]) -> tuple[list[dict], list[Any]] | None:
+        """The checked prompts and per-row vLLM sampling params; None when there is nothing to
+        generate (``max_new_tokens`` 0 or no prompt)."""
         if params.max_new_tokens < 0:
             raise ZsearchError(f"max_new_tokens must be >= 0, got {params.max_new_tokens}")
         if not params.greedy and not 0.0 < params.top_p <= 1.0:
@@ -206,28 +285,12 @@ class VLLMBackend:
         for i, p in enumerate(prompts):
             if len(p) == 0:
                 raise ZsearchError(f"prompt {i} is empty: a prompt needs at least one token")
-        if params.max_new_tokens == 0:  # vLLM rejects max_tokens=0
-            return [GenerationOutput(token_ids=[], logprobs=[], finish_reason="length") for _ in prompts]
-        if not prompts:
-            return []
         check_seeds(params, len(prompts))
+        if params.max_new_tokens == 0 or not prompts:
+            return None
         stop = [s for s in stop if s]
         requests = [{"prompt_token_ids": [int(t) for t in p]} for p in prompts]
-        sampling = [self._sampling_params(params, stop, row) for row in range(len(prompts))]
-        results = self.llm.generate(requests, sampling_params=sampling, use_tqdm=False)
-        outputs = []
-        for request in results:
-            completion = request.outputs[0]
-            reason, stop_string = _finish(completion)
-            outputs.append(
-                GenerationOutput(
-                    token_ids=list(completion.token_ids),
-                    logprobs=_sampled_logprobs(completion),
-                    finish_reason=reason,
-                    stop_string=stop_string,
-                )
-            )
-        return outputs
+        return requests, [self._sampling_params(params, stop, row) for row in range(len(prompts))]
 
     def sequence_logprobs(self, token_ids: Sequence[int]) -> list[float]:
         """``log p(token_ids[j] | token_ids[:j])`` for j >= 1 under the engine's weights: raw
@@ -235,6 +298,7 @@ class VLLMBackend:
         with the policy's own after every weight sync."""
         if len(token_ids) < 2:
             raise ZsearchError("sequence_logprobs needs at least two tokens")
+        self._check_idle("sequence_logprobs()")
         sp = self._vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
         request = self.llm.generate([{"prompt_token_ids": [int(t) for t in token_ids]}], sampling_params=sp,
                                     use_tqdm=False)[0]
@@ -267,6 +331,7 @@ class VLLMBackend:
         """
         import torch
 
+        self._check_idle("a weight sync")
         engine_core = self.llm.llm_engine.engine_core
         from vllm.v1.engine.core_client import InprocClient
 

@@ -6,14 +6,18 @@ search backend waits for the longest generation. Here each sample advances on it
 
 * a sample whose turn asks for a search goes to a pool of search threads, while the main
   thread keeps generating for the samples that are ready;
-* each generate call takes whatever is ready, at most the backend's ``max_batch_size``
-  (the HF backend's batch; a bigger call would run in sequential chunks anyway), so the
-  first chunk's searches run while the next chunk generates;
-* a finished search's observation is inserted as soon as the main thread is between two
-  generate calls, and the sample rejoins the queue.
+* on a continuous-batching backend (vLLM, :class:`~zsearch_cli.models.base.StreamingBackend`)
+  the engine is stepped one step at a time: a sample leaves the running batch the step its
+  turn ends and rejoins it, between two steps, as soon as its search returns; no turn waits
+  for the longest generation of its batch;
+* on other backends (HF) each generate call takes whatever is ready, at most the backend's
+  ``max_batch_size`` (a bigger call would run in sequential chunks anyway), so the first
+  chunk's searches run while the next chunk generates; a finished search's observation is
+  inserted as soon as the main thread is between two generate calls, and the sample
+  rejoins the queue.
 
 What a sample contains does not depend on this schedule: the per-sample steps are the sync
-engine's own (:meth:`RolloutEngine.generate_turn`, :meth:`RolloutEngine.observe`), and
+engine's own (:meth:`RolloutEngine.record_turns`, :meth:`RolloutEngine.observe`), and
 every turn's sampling seed names the sample and turn, not the batch (``sample_seed``).
 
 Search calls run on worker threads, and each call carries every search waiting when it
@@ -35,6 +39,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Sequence
 
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.models.base import streams
 from zsearch_cli.search.base import SearchBackend, SearchRequest, SearchResult, search_grouped
 
 if TYPE_CHECKING:
@@ -113,8 +118,64 @@ def _check_separate_models(engine: "RolloutEngine") -> None:
 
 def rollout_async(engine: "RolloutEngine", samples: Sequence["_Sample"], step: int, done: "_Finisher") -> None:
     """Advance every sample to its end (see the module docstring); fills ``samples`` in place."""
-    cfg = engine.config
     _check_separate_models(engine)
+    if streams(engine.backend):
+        _rollout_streaming(engine, samples, step, done)
+    else:
+        _rollout_batched(engine, samples, step, done)
+
+
+def _rollout_streaming(engine: "RolloutEngine", samples: Sequence["_Sample"], step: int, done: "_Finisher") -> None:
+    """On a continuous-batching backend (vLLM): every ready sample is submitted at once and
+    the engine is stepped; a sample leaves the running batch the step its turn ends (to its
+    search, or done) and rejoins it when its search returns, while the others keep decoding."""
+    cfg, backend = engine.config, engine.backend
+    ready: deque[_Sample] = deque(samples)
+    running: dict[str, _Sample] = {}
+    searching = 0
+    pool: SearchPool | None = None
+    try:
+        while ready or searching or running:
+            if searching:
+                try:
+                    found = pool.finished(block=not ready and not running)
+                except ZsearchError as err:
+                    raise engine.search_failed(err, samples, step) from None
+                searching -= len(found)
+                if found:
+                    engine.observe(found, done)
+                    ready.extend(s for s, _ in found if s.finish is None)
+            if ready:
+                batch = list(ready)
+                ready.clear()
+                ids = backend.submit(engine.contexts(batch), engine.turn_params(batch, step),
+                                     stop=engine.protocol.stop_strings)
+                running.update(zip(ids, batch))
+            if not running:
+                continue
+            finished = backend.step()
+            if not finished:
+                continue
+            batch = [running.pop(rid) for rid, _ in finished]
+            pending = engine.record_turns(batch, [out for _, out in finished], done)
+            if pending:
+                if pool is None:
+                    pool = SearchPool(engine.search, cfg.topk, cfg.search_concurrency)
+                pool.submit([(s, engine.search_requests(s, action)) for s, action in pending])
+                searching += len(pending)
+            searched = {id(s) for s, _ in pending}
+            ready.extend(s for s in batch if s.finish is None and id(s) not in searched)
+    finally:
+        if running:  # a failure left requests in the engine: they must not surface later
+            backend.abort(list(running))
+        if pool is not None:
+            pool.close()
+
+
+def _rollout_batched(engine: "RolloutEngine", samples: Sequence["_Sample"], step: int, done: "_Finisher") -> None:
+    """On a backend without continuous batching (HF): each generate call takes the samples
+    that are ready, at most ``max_batch_size``."""
+    cfg = engine.config
     capacity = getattr(engine.backend, "max_batch_size", None) or len(samples) or 1
     ready: deque[_Sample] = deque(samples)
     searching = 0

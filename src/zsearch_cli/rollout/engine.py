@@ -9,7 +9,7 @@ ZeroSearch train on; the chat template is applied to the prompt only.
 
 One loop serves every protocol: the protocol parses an action and renders an
 observation, the engine does the rest (batching, limits, search calls, bookkeeping).
-Two schedulers drive the same per-sample steps (:meth:`RolloutEngine.generate_turn` and
+Two schedulers drive the same per-sample steps (:meth:`RolloutEngine.record_turns` and
 :meth:`RolloutEngine.observe`): ``sync`` (here: a turn barrier) and ``async``
 (``async_engine.py``: no barrier); per-sample seeds make them sample alike.
 """
@@ -230,20 +230,34 @@ class RolloutEngine:
             samples += [_Sample(row, g, group_id, prompt, seed_key=key) for g in range(group_size)]
         return samples
 
-    def generate_turn(self, batch: Sequence[_Sample], step: int, done: "_Finisher") -> list[tuple[_Sample, Any]]:
-        """Generate the next turn of every sample in ``batch`` (one backend call) and record it;
-        returns the ``(sample, action)`` pairs whose search should run now."""
+    def turn_params(self, batch: Sequence[_Sample], step: int) -> SamplingParams:
+        """How to sample the next turn of each sample of ``batch``."""
         cfg = self.config
         # Each sample's seed names the sample and its turn, never its place in the batch, so
         # the scheduler (sync or async, which samples share a call) cannot change what it samples.
-        params = SamplingParams(
+        return SamplingParams(
             max_new_tokens=cfg.max_turn_tokens,
             temperature=cfg.temperature,
             top_p=cfg.top_p,
             seeds=tuple(sample_seed(cfg.seed, step, s.seed_key, s.sample_index, len(s.turns)) for s in batch),
         )
-        outs = self.backend.generate([s.prompt_ids + s.response_ids for s in batch], params,
+
+    @staticmethod
+    def contexts(batch: Sequence[_Sample]) -> list[list[int]]:
+        """What the policy continues: the prompt and the response so far, as ids."""
+        return [s.prompt_ids + s.response_ids for s in batch]
+
+    def generate_turn(self, batch: Sequence[_Sample], step: int, done: "_Finisher") -> list[tuple[_Sample, Any]]:
+        """Generate the next turn of every sample in ``batch`` (one backend call) and record it;
+        returns the ``(sample, action)`` pairs whose search should run now."""
+        outs = self.backend.generate(self.contexts(batch), self.turn_params(batch, step),
                                      stop=self.protocol.stop_strings)
+        return self.record_turns(batch, outs, done)
+
+    def record_turns(self, batch: Sequence[_Sample], outs: Sequence[Any], done: "_Finisher") -> list[tuple[_Sample, Any]]:
+        """Record one generated turn per sample (``outs[i]`` continues ``batch[i]``); returns the
+        ``(sample, action)`` pairs whose search should run now."""
+        cfg = self.config
         clipped = [list(o.token_ids)[: max(0, cfg.max_context_tokens - s.length)] for s, o in zip(batch, outs)]
         texts = self._decode_many(clipped)  # to parse the action only; the ids are kept as sampled
         pending: list[tuple[_Sample, Any]] = []
