@@ -7,12 +7,25 @@ the bundled corpus, observation rendering/tokenization with limits, bookkeeping.
 engine's own share of wall time is what is left after generation and search.
 Target: under 5 %.
 
---modes compares ``--rollout-mode sync`` and ``async`` on the same rows: the fake generator
-(tokens/s over the whole batch; async calls take at most --gen-batch samples) and a search
-backend whose every query takes a latency drawn from a stated distribution (constant,
-lognormal with sigma 1, or none), a batched call lasting as long as its slowest query (a
-server answering them in parallel). The mean latency defaults to one turn's generation time
-for the whole batch. Reported: samples/s and the generator's idle share of wall time.
+--modes compares ``--rollout-mode sync`` and ``async`` on the same rows, with one of two
+fake generators of known speed:
+
+* ``--generator stream`` (default): a continuous-batching engine, vLLM on a GPU. A decode
+  step costs ``--step-ms`` plus ``--per-request-us`` per running request, whatever the
+  tokens: a GPU step reads every weight once for the whole batch (bench/gpu_decode.py
+  measured HF on an H200: ~50 ms a step, flat from batch 1 to 256). The async mode drives
+  it step by step (requests join and leave between steps); the sync mode calls generate,
+  which lasts as long as the longest turn of the call;
+* ``--generator batch``: compute-bound, ``--gen-tps`` tokens/s over the batch (a CPU);
+  async calls take at most ``--gen-batch`` ready samples.
+
+Turn lengths vary by a lognormal factor (``--length-sigma``, drawn from each turn's own
+sampling seed, so both modes see the same lengths). The search backend answers every query
+after a latency drawn from a stated distribution (``--dists``: none, constant, lognormal
+with sigma 1, and ``simulator``: a ZeroSearch simulator LLM writing documents of lognormal
+length), a batched call lasting as long as its slowest query (a server answering them in
+parallel). The mean latency defaults to one turn's generation time for the whole batch.
+Reported: samples/s and the generator's idle share of wall time.
 
 With --real, also measures HFBackend tokens/s on the embedded smollm2 at batch 1 and 8;
 with --backend vllm, the vLLM backend's beside it on the same prompts (informational: on
@@ -20,7 +33,7 @@ vLLM's CPU build it is expected to be slower than HF for jobs this small; run it
 .venv-vllm python and VLLM_CPU_KVCACHE_SPACE=1).
 
     python bench/rollout.py [--rows 64] [--group 5] [--gen-tps 20000] [--real] [--backend hf|vllm]
-    python bench/rollout.py --modes [--rows 32] [--group 5] [--gen-batch 16] [--latency 0.9]
+    python bench/rollout.py --modes [--rows 32] [--group 5] [--generator stream|batch] [--latency S]
 """
 
 from __future__ import annotations
@@ -61,28 +74,93 @@ TURNS = [
 
 class FakeGenerator:
     """Emits the scripted turn for each context and sleeps as a generator of ``tps``
-    tokens/s (over the whole batch) would."""
+    tokens/s (over the whole batch) would: compute-bound, a token costs the same in any
+    batch (a CPU). ``length_sigma`` > 0 varies each turn's thinking length by a lognormal
+    factor (mean 1) drawn from the turn's own sampling seed, so both modes see the same
+    lengths; 0 gives every turn the same length."""
 
-    def __init__(self, tokenizer, tps: float, max_batch_size: int | None = None):
+    def __init__(self, tokenizer, tps: float, max_batch_size: int | None = None, length_sigma: float = 0.0):
         self.tokenizer, self.tps, self.seconds, self.tokens = tokenizer, tps, 0.0, 0
+        self.length_sigma = length_sigma
         if max_batch_size:
             self.max_batch_size = max_batch_size  # the async mode's calls take at most this many
 
+    def script(self, prompt, seed: int | None) -> GenerationOutput:
+        key = hash(tuple(prompt[:64]))  # the prompt identifies the row
+        # observations so far (the Search-R1 prompt names </information> once itself)
+        turn = max(0, self.tokenizer.decode(prompt).count("</information>") - 1)
+        text = TURNS[min(turn, 2)].format(q=f"topic {key % 97}", a="Danube")
+        if self.length_sigma > 0:
+            words = THOUGHT.split()
+            rng = random.Random(seed)
+            factor = math.exp(self.length_sigma * rng.gauss(0.0, 1.0) - self.length_sigma**2 / 2)
+            n = max(5, round(len(words) * factor))
+            text = text.replace(THOUGHT, " ".join(words[i % len(words)] for i in range(n)) + " ")
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        self.tokens += len(ids)
+        return GenerationOutput(ids, [-0.1] * len(ids), "stop")
+
     def generate(self, prompts, params, stop=()):
         t0 = time.perf_counter()
-        outs = []
-        for p in prompts:
-            key = hash(tuple(p[:64]))  # the prompt identifies the row
-            # observations so far (the Search-R1 prompt names </information> once itself)
-            turn = max(0, self.tokenizer.decode(p).count("</information>") - 1)
-            text = TURNS[min(turn, 2)].format(q=f"topic {key % 97}", a="Danube")
-            ids = self.tokenizer.encode(text, add_special_tokens=False)
-            outs.append(GenerationOutput(ids, [-0.1] * len(ids), "stop"))
-            self.tokens += len(ids)
+        seeds = params.seeds or (None,) * len(prompts)
+        outs = [self.script(p, seed) for p, seed in zip(prompts, seeds)]
         build = time.perf_counter() - t0
         time.sleep(max(0.0, sum(len(o.token_ids) for o in outs) / self.tps - build))
         self.seconds += time.perf_counter() - t0
         return outs
+
+
+class FakeStreamingGenerator(FakeGenerator):
+    """A continuous-batching engine (vLLM on a GPU): one engine step decodes one token of
+    every running request and costs ``step_s + per_request_s * running`` whatever the
+    tokens are, because a decode step reads every weight once for the whole batch
+    (``bench/gpu_decode.py`` measures both constants on a GPU). Requests join and leave the
+    running batch between steps (``submit``/``step``, the StreamingBackend interface the
+    async mode drives); ``generate`` (the sync mode's call) submits a batch and steps until
+    all of it is done, so a call lasts as long as its longest request. Each ``step`` call
+    advances ``tick`` tokens, to keep sleeps long enough to be accurate."""
+
+    def __init__(self, tokenizer, step_s: float, per_request_s: float = 0.0, tick: int = 8,
+                 length_sigma: float = 0.0):
+        super().__init__(tokenizer, tps=1.0, length_sigma=length_sigma)
+        self.step_s, self.per_request_s, self.tick = step_s, per_request_s, tick
+        self.running: dict[str, list] = {}  # request id -> [output, tokens left]
+        self.counter = 0
+
+    def submit(self, prompts, params, stop=()):
+        seeds = params.seeds or (None,) * len(prompts)
+        ids = []
+        for p, seed in zip(prompts, seeds):
+            out = self.script(p, seed)
+            self.counter += 1
+            self.running[str(self.counter)] = [out, len(out.token_ids)]
+            ids.append(str(self.counter))
+        return ids
+
+    def step(self):
+        if not self.running:
+            return []
+        t0 = time.perf_counter()
+        time.sleep(self.tick * (self.step_s + self.per_request_s * len(self.running)))
+        done = []
+        for rid, entry in list(self.running.items()):
+            entry[1] -= self.tick
+            if entry[1] <= 0:
+                done.append((rid, entry[0]))
+                del self.running[rid]
+        self.seconds += time.perf_counter() - t0
+        return done
+
+    def abort(self, request_ids):
+        for rid in request_ids:
+            self.running.pop(rid, None)
+
+    def generate(self, prompts, params, stop=()):
+        ids = self.submit(prompts, params, stop)
+        got: dict = {}
+        while len(got) < len(ids):
+            got.update(self.step())
+        return [got[rid] for rid in ids]
 
 
 class TimedSearch(SearchBackend):
@@ -120,8 +198,12 @@ PASSAGE = ("The river rises in the hills and flows east through three countries,
 
 
 class LatencySearch(SearchBackend):
-    """Fixed passages after a latency per query from ``dist`` (constant | lognormal | none)
-    with mean ``mean_s``, drawn from a seeded RNG; a call lasts as long as its slowest query."""
+    """Fixed passages after a latency per query from ``dist`` with mean ``mean_s``, drawn
+    from a seeded RNG; a call lasts as long as its slowest query (a server answering its
+    queries in parallel). ``dist``: ``none``; ``constant``; ``lognormal`` (sigma 1: median
+    0.61x the mean, p99 about 6x); ``simulator``: ZeroSearch's simulator LLM on its own
+    server, each query a generated document of a lognormal length (sigma 0.5) at a fixed
+    per-token speed, so the slowest document of a call sets its latency."""
 
     thread_safe = True
     name = "latency"
@@ -134,7 +216,7 @@ class LatencySearch(SearchBackend):
             return 0.0
         if self.dist == "constant":
             return self.mean_s
-        sigma = 1.0  # lognormal: median mean_s·e^-0.5, p99 about 5x the mean
+        sigma = 0.5 if self.dist == "simulator" else 1.0  # lognormal, mean mean_s
         return self.mean_s * math.exp(sigma * self.rng.gauss(0.0, 1.0) - sigma**2 / 2)
 
     def search(self, requests, topk):
@@ -144,36 +226,53 @@ class LatencySearch(SearchBackend):
         return [SearchResult([Passage(f"d{k}", f"{r.query} {k}", PASSAGE) for k in range(topk)]) for r in requests]
 
 
-def compare_modes(rows: int, group: int, tps: float, gen_batch: int, latency: float | None,
-                  concurrency: int) -> tuple[float, list[dict]]:
+def compare_modes(args) -> tuple[float, list[dict]]:
     """Both rollout modes on the same rows, for each latency distribution; returns the mean
     latency used and one result per (distribution, mode)."""
     from zsearch_cli.models.loading import load_tokenizer
 
     tokenizer = load_tokenizer("smollm2")
-    qa = read_artifact(demo_qa("train"), QA).slice(0, rows).to_pylist()
+    qa = read_artifact(demo_qa("train"), QA).slice(0, args.rows).to_pylist()
     batch = [QARow(r["id"], r["question"], r["golden_answers"]) for r in qa]
+    samples = len(batch) * args.group
     turn_tokens = len(tokenizer.encode(TURNS[0].format(q="topic 1"), add_special_tokens=False))
-    if latency is None:  # one turn's generation time for the whole batch
-        latency = len(batch) * group * turn_tokens / tps
+
+    def generator():
+        if args.generator == "stream":
+            return FakeStreamingGenerator(tokenizer, args.step_ms / 1e3, args.per_request_us / 1e6,
+                                          length_sigma=args.length_sigma)
+        return FakeGenerator(tokenizer, args.gen_tps, args.gen_batch, length_sigma=args.length_sigma)
+
+    latency = args.latency
+    if latency is None:  # one turn's generation time for the whole batch (at the mean turn length)
+        if args.generator == "stream":
+            latency = turn_tokens * (args.step_ms / 1e3 + samples * args.per_request_us / 1e6)
+        else:
+            latency = samples * turn_tokens / args.gen_tps
     results = []
-    for dist in ("none", "constant", "lognormal"):
+    for dist in args.dists.split(","):
         for mode in ("sync", "async"):
-            gen, search = FakeGenerator(tokenizer, tps, gen_batch), LatencySearch(dist, latency, seed=0)
-            cfg = RolloutConfig(max_turns=4, topk=3, rollout_mode=mode, search_concurrency=concurrency)
+            gen, search = generator(), LatencySearch(dist, latency, seed=0)
+            cfg = RolloutConfig(max_turns=4, topk=3, rollout_mode=mode, search_concurrency=args.search_concurrency)
             engine = RolloutEngine(gen, TagsProtocol(), search, cfg)
             t0 = time.perf_counter()
-            trajs = engine.rollout(batch, group_size=group)
+            trajs = engine.rollout(batch, group_size=args.group)
             wall = time.perf_counter() - t0
             results.append({"dist": dist, "mode": mode, "samples": len(trajs), "wall": wall,
-                            "idle": max(0.0, wall - gen.seconds) / wall})
+                            "idle": max(0.0, wall - gen.seconds) / wall,
+                            "tokens": sum(t.policy_tokens for t in trajs)})
     return latency, results
 
 
 def _modes_table(latency: float, results: list[dict], args) -> Table:
-    table = Table(title=f"rollout modes: {results[0]['samples']} samples x 3 turns, fake generator "
-                        f"{args.gen_tps:.0f} tok/s (async calls <= {args.gen_batch}), search mean {latency:.2f} s "
-                        f"per query, --search-concurrency {args.search_concurrency}")
+    if args.generator == "stream":
+        gen = (f"continuous batching, a step {args.step_ms:g} ms + {args.per_request_us:g} us per running "
+               f"request")
+    else:
+        gen = f"{args.gen_tps:.0f} tok/s over the batch (async calls <= {args.gen_batch})"
+    table = Table(title=f"rollout modes: {results[0]['samples']} samples x 3 turns, turn lengths lognormal "
+                        f"sigma {args.length_sigma:g}; fake generator: {gen}; search mean {latency:.2f} s per "
+                        f"query (one turn's generation), --search-concurrency {args.search_concurrency}")
     for col in ("search latency", "mode", "wall s", "samples/s", "generator idle", "vs sync"):
         table.add_column(col, justify="right")
     sync = {}
@@ -233,12 +332,22 @@ def main() -> None:
     ap.add_argument("--latency", type=float, default=None,
                     help="--modes: mean search latency per query, seconds [one turn's generation time]")
     ap.add_argument("--search-concurrency", type=int, default=16, help="--modes: search calls in flight")
+    ap.add_argument("--generator", choices=("batch", "stream"), default="stream",
+                    help="--modes: stream = a continuous-batching GPU engine (cost per step), batch = tokens/s "
+                         "over the batch (cost per token, a CPU)")
+    ap.add_argument("--step-ms", type=float, default=10.0,
+                    help="--modes, stream: one decode step of the whole batch, ms (bench/gpu_decode.py)")
+    ap.add_argument("--per-request-us", type=float, default=20.0,
+                    help="--modes, stream: what each running request adds to a step, microseconds")
+    ap.add_argument("--length-sigma", type=float, default=0.6,
+                    help="--modes: lognormal sigma of each turn's length (0 = all turns alike)")
+    ap.add_argument("--dists", default="none,constant,lognormal,simulator",
+                    help="--modes: search latency distributions to run")
     args = ap.parse_args()
     args.real = args.real or args.backend == "vllm"
     console = Console()
     if args.modes:
-        latency, results = compare_modes(args.rows, args.group, args.gen_tps, args.gen_batch, args.latency,
-                                         args.search_concurrency)
+        latency, results = compare_modes(args)
         console.print(_modes_table(latency, results, args))
         return
     with tempfile.TemporaryDirectory() as tmp:
