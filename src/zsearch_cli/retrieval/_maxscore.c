@@ -193,57 +193,6 @@ static int get_buffer(PyObject *obj, Py_buffer *view, Py_ssize_t itemsize, const
     return 0;
 }
 
-/* top_k(indptr int64, indices int32, data float32, term_max float32, tokens int64, k,
- *       out_scores float32[k], out_rows int64[k]) -> number of hits written */
-static PyObject *top_k(PyObject *self, PyObject *args) {
-    PyObject *o[8];
-    Py_ssize_t k;
-    if (!PyArg_ParseTuple(args, "OOOOOnOO", &o[0], &o[1], &o[2], &o[3], &o[4], &k, &o[5], &o[6])) return NULL;
-    static const Py_ssize_t size[7] = {8, 4, 4, 4, 8, 4, 8};
-    static const char *names[7] = {"indptr", "indices", "data", "term_max", "tokens", "out_scores", "out_rows"};
-    Py_buffer b[7];
-    int got = 0;
-    PyObject *result = NULL;
-    for (; got < 7; got++)
-        if (get_buffer(o[got], &b[got], size[got], names[got]) < 0) goto done;
-    Py_ssize_t n_tokens = b[4].len / 8;
-    if (k < 1 || n_tokens < 1 || b[5].len / 4 < k || b[6].len / 8 < k || b[5].readonly || b[6].readonly) {
-        PyErr_SetString(PyExc_ValueError, "top_k: k >= 1, >= 1 token and writable outputs of k entries");
-        goto done;
-    }
-    Py_ssize_t n_terms = b[0].len / 8 - 1;
-    const int64_t *tokens = b[4].buf;
-    for (Py_ssize_t j = 0; j < n_tokens; j++)
-        if (tokens[j] < 0 || tokens[j] >= n_terms || tokens[j] >= b[3].len / 4) {
-            PyErr_Format(PyExc_IndexError, "top_k: token %lld outside the index's %zd terms", (long long)tokens[j], n_terms);
-            goto done;
-        }
-    size_t nt = (size_t)n_tokens;
-    Hit *heap = malloc(sizeof(Hit) * (size_t)k);
-    Cursor *cur = malloc(sizeof(Cursor) * nt);
-    int *slot = malloc(sizeof(int) * nt), *rank = malloc(sizeof(int) * nt);
-    int64_t *sorted = malloc(sizeof(int64_t) * nt);
-    double *pre = malloc(sizeof(double) * (nt + 1));
-    if (!heap || !cur || !slot || !rank || !sorted || !pre) {
-        free(heap); free(cur); free(slot); free(rank); free(sorted); free(pre);
-        PyErr_NoMemory();
-        goto done;
-    }
-    Py_ssize_t n;
-    Py_BEGIN_ALLOW_THREADS
-    n = maxscore(b[0].buf, b[1].buf, b[2].buf, b[3].buf, tokens, n_tokens, k, heap, cur, slot, rank, sorted, pre);
-    for (Py_ssize_t i = 0; i < n; i++) {
-        ((float *)b[5].buf)[i] = heap[i].score;
-        ((int64_t *)b[6].buf)[i] = heap[i].row;
-    }
-    Py_END_ALLOW_THREADS
-    free(heap); free(cur); free(slot); free(rank); free(sorted); free(pre);
-    result = PyLong_FromSsize_t(n);
-done:
-    for (int i = 0; i < got; i++) PyBuffer_Release(&b[i]);
-    return result;
-}
-
 /* top_k_batch(indptr int64, indices int32, data float32, term_max float32, tokens int64 (all
  *             queries' tokens, concatenated), offsets int64[q + 1] (query i = tokens[offsets[i]
  *             .. offsets[i+1])), k, out_scores float32[q * k], out_rows int64[q * k],
@@ -251,8 +200,8 @@ done:
  * Query i's hits go to out_*[i * k ..], best first, and their number to out_counts[i]; a
  * query of no token gets 0 hits. Why a batch: one call, and one release of the GIL, for a
  * whole chunk of queries, so a thread pool that hands each thread a chunk scales with the
- * cores instead of paying per query for the call and the GIL hand-over (which made 2 threads
- * slower than 1 on small indexes). */
+ * cores instead of paying per query for the call and the GIL hand-over (one call per query
+ * made 2 threads slower than 1 on small indexes). One query is a batch of one. */
 static PyObject *top_k_batch(PyObject *self, PyObject *args) {
     PyObject *o[9];
     Py_ssize_t k;
@@ -324,8 +273,8 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"top_k", top_k, METH_VARARGS, "Exact BM25 top-k by MaxScore; see zsearch_cli/retrieval/maxscore.py."},
-    {"top_k_batch", top_k_batch, METH_VARARGS, "top_k for a batch of queries in one call (one GIL release)."},
+    {"top_k_batch", top_k_batch, METH_VARARGS,
+     "Exact BM25 top-k by MaxScore for a batch of queries; see zsearch_cli/retrieval/maxscore.py."},
     {NULL, NULL, 0, NULL},
 };
 

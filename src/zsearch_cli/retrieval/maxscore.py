@@ -184,10 +184,10 @@ def kernel_top_k(query: Sequence[int], k: int, ix: ImpactIndex) -> tuple[np.ndar
     score; it runs without the GIL, so a thread pool scales a batch over every core."""
     if k < 1 or len(query) == 0:
         return _EMPTY
-    scores, rows = np.empty(k, dtype=np.float32), np.empty(k, dtype=np.int64)
-    n = _kernel.top_k(ix.indptr, ix.indices, ix.data, ix.term_max, np.asarray(query, dtype=np.int64), k,
-                      scores, rows)
-    return scores[:n], rows[:n]
+    scores, rows = np.zeros((1, k), dtype=np.float32), np.full((1, k), -1, dtype=np.int64)
+    kernel_top_k_batch([query], k, ix, scores, rows)
+    n = int((rows[0] >= 0).sum())
+    return scores[0, :n], rows[0, :n]
 
 
 def kernel_top_k_batch(queries: Sequence[Sequence[int]], k: int, ix: ImpactIndex,

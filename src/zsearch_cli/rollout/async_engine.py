@@ -125,84 +125,84 @@ def rollout_async(engine: "RolloutEngine", samples: Sequence["_Sample"], step: i
         _rollout_batched(engine, samples, step, done)
 
 
+class _Searches:
+    """The samples' side trips to search, shared by both loops: ``send`` the turns that asked
+    for a search (and put the others that go on back in ``ready``), ``collect`` the
+    observations that came back (their samples rejoin ``ready``). The pool starts with the
+    first search."""
+
+    def __init__(self, engine: "RolloutEngine", samples: Sequence["_Sample"], step: int, done: "_Finisher",
+                 ready: deque):
+        self.engine, self.samples, self.step, self.done, self.ready = engine, samples, step, done, ready
+        self.pool: SearchPool | None = None
+        self.waiting = 0
+
+    def send(self, batch: Sequence["_Sample"], pending: list[tuple["_Sample", Any]]) -> None:
+        engine = self.engine
+        if pending:
+            if self.pool is None:
+                self.pool = SearchPool(engine.search, engine.config.topk, engine.config.search_concurrency)
+            self.pool.submit([(s, engine.search_requests(s, action)) for s, action in pending])
+            self.waiting += len(pending)
+        # A turn that needs no search (an invalid action, answered with a message) goes on at once.
+        searched = {id(s) for s, _ in pending}
+        self.ready.extend(s for s in batch if s.finish is None and id(s) not in searched)
+
+    def collect(self, block: bool) -> None:
+        if not self.waiting:
+            return
+        try:
+            found = self.pool.finished(block=block)
+        except ZsearchError as err:
+            raise self.engine.search_failed(err, self.samples, self.step) from None
+        self.waiting -= len(found)
+        if found:
+            self.engine.observe(found, self.done)
+            self.ready.extend(s for s, _ in found if s.finish is None)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.close()
+
+
 def _rollout_streaming(engine: "RolloutEngine", samples: Sequence["_Sample"], step: int, done: "_Finisher") -> None:
     """On a continuous-batching backend (vLLM): every ready sample is submitted at once and
     the engine is stepped; a sample leaves the running batch the step its turn ends (to its
     search, or done) and rejoins it when its search returns, while the others keep decoding."""
-    cfg, backend = engine.config, engine.backend
+    backend = engine.backend
     ready: deque[_Sample] = deque(samples)
     running: dict[str, _Sample] = {}
-    searching = 0
-    pool: SearchPool | None = None
+    searches = _Searches(engine, samples, step, done, ready)
     try:
-        while ready or searching or running:
-            if searching:
-                try:
-                    found = pool.finished(block=not ready and not running)
-                except ZsearchError as err:
-                    raise engine.search_failed(err, samples, step) from None
-                searching -= len(found)
-                if found:
-                    engine.observe(found, done)
-                    ready.extend(s for s, _ in found if s.finish is None)
+        while ready or searches.waiting or running:
+            searches.collect(block=not ready and not running)
             if ready:
                 batch = list(ready)
                 ready.clear()
                 ids = backend.submit(engine.contexts(batch), engine.turn_params(batch, step),
                                      stop=engine.protocol.stop_strings)
                 running.update(zip(ids, batch))
-            if not running:
-                continue
-            finished = backend.step()
-            if not finished:
-                continue
-            batch = [running.pop(rid) for rid, _ in finished]
-            pending = engine.record_turns(batch, [out for _, out in finished], done)
-            if pending:
-                if pool is None:
-                    pool = SearchPool(engine.search, cfg.topk, cfg.search_concurrency)
-                pool.submit([(s, engine.search_requests(s, action)) for s, action in pending])
-                searching += len(pending)
-            searched = {id(s) for s, _ in pending}
-            ready.extend(s for s in batch if s.finish is None and id(s) not in searched)
+            finished = backend.step() if running else []
+            if finished:
+                batch = [running.pop(rid) for rid, _ in finished]
+                searches.send(batch, engine.record_turns(batch, [out for _, out in finished], done))
     finally:
         if running:  # a failure left requests in the engine: they must not surface later
             backend.abort(list(running))
-        if pool is not None:
-            pool.close()
+        searches.close()
 
 
 def _rollout_batched(engine: "RolloutEngine", samples: Sequence["_Sample"], step: int, done: "_Finisher") -> None:
     """On a backend without continuous batching (HF): each generate call takes the samples
     that are ready, at most ``max_batch_size``."""
-    cfg = engine.config
     capacity = getattr(engine.backend, "max_batch_size", None) or len(samples) or 1
     ready: deque[_Sample] = deque(samples)
-    searching = 0
-    pool: SearchPool | None = None
+    searches = _Searches(engine, samples, step, done, ready)
     try:
-        while ready or searching:
-            if searching:
-                try:
-                    found = pool.finished(block=not ready)
-                except ZsearchError as err:
-                    raise engine.search_failed(err, samples, step) from None
-                searching -= len(found)
-                if found:
-                    engine.observe(found, done)
-                    ready.extend(s for s, _ in found if s.finish is None)
-            if not ready:
-                continue
-            batch = [ready.popleft() for _ in range(min(capacity, len(ready)))]
-            pending = engine.generate_turn(batch, step, done)
-            if pending:
-                if pool is None:
-                    pool = SearchPool(engine.search, cfg.topk, cfg.search_concurrency)
-                pool.submit([(s, engine.search_requests(s, action)) for s, action in pending])
-                searching += len(pending)
-            # A turn that needs no search (an invalid action, answered with a message) goes on at once.
-            searched = {id(s) for s, _ in pending}
-            ready.extend(s for s in batch if s.finish is None and id(s) not in searched)
+        while ready or searches.waiting:
+            searches.collect(block=not ready)
+            if ready:
+                batch = [ready.popleft() for _ in range(min(capacity, len(ready)))]
+                searches.send(batch, engine.generate_turn(batch, step, done))
     finally:
-        if pool is not None:
-            pool.close()
+        searches.close()
