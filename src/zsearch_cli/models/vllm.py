@@ -27,8 +27,8 @@ for real (``tests/vllm/``). Settings that differ by platform come from it:
 Several processes (DDP): one whole engine per process on that process's device; see
 :func:`process_settings`.
 
-Verified on the CPU build: generation, logprobs, seeds, stops, the weight sync, and DDP with
-2 processes. Not verified anywhere yet: the CUDA kernels, bf16 numerics and GPU memory
+Verified on the CPU build: generation, logprobs, seeds, stops, the weight sync, DDP with
+2 processes, and continuous batching (``submit``/``step``, the async rollout mode). Not verified anywhere yet: the CUDA kernels, bf16 numerics and GPU memory
 behaviour.
 
 vLLM is an optional dependency (``zsearch[gpu]`` or the CPU build); nothing here imports it
