@@ -28,8 +28,8 @@ Several processes (DDP): one whole engine per process on that process's device; 
 :func:`process_settings`.
 
 Verified on the CPU build: generation, logprobs, seeds, stops, the weight sync, DDP with
-2 processes, and continuous batching (``submit``/``step``, the async rollout mode). Not verified anywhere yet: the CUDA kernels, bf16 numerics and GPU memory
-behaviour.
+2 processes, and continuous batching (``submit``/``step``, the async rollout mode). Not
+verified anywhere yet: the CUDA kernels, bf16 numerics and GPU memory behaviour.
 
 vLLM is an optional dependency (``zsearch[gpu]`` or the CPU build); nothing here imports it
 until a backend is built.
@@ -223,7 +223,7 @@ class VLLMBackend:
     # batch between steps and leave it when they finish, so no turn waits for the longest
     # generation of its batch. Why not vLLM's AsyncLLM: it always runs the engine core in
     # another process (AsyncMPClient), and the weight sync hands the worker live tensors,
-    # which only works in this process (see the class docstring). LLM.enqueue plus
+    # which only works in this process (see the class docstring). LLMEngine.add_request plus
     # LLMEngine.step is the same scheduler (the engine core's continuous batching) in-process.
 
     def submit(self, prompts: Sequence[Sequence[int]], params: SamplingParams,

@@ -184,29 +184,26 @@ def kernel_top_k(query: Sequence[int], k: int, ix: ImpactIndex) -> tuple[np.ndar
     score; it runs without the GIL, so a thread pool scales a batch over every core."""
     if k < 1 or len(query) == 0:
         return _EMPTY
-    scores, rows = np.zeros((1, k), dtype=np.float32), np.full((1, k), -1, dtype=np.int64)
-    kernel_top_k_batch([query], k, ix, scores, rows)
-    n = int((rows[0] >= 0).sum())
+    scores, rows = np.empty((1, k), dtype=np.float32), np.empty((1, k), dtype=np.int64)
+    n = int(kernel_top_k_batch([query], k, ix, scores, rows)[0])
     return scores[0, :n], rows[0, :n]
 
 
 def kernel_top_k_batch(queries: Sequence[Sequence[int]], k: int, ix: ImpactIndex,
-                       scores: np.ndarray, rows: np.ndarray) -> None:
-    """:func:`kernel_top_k` for many queries in one C call (one release of the GIL): query
-    ``i``'s hits go to ``scores[i]`` / ``rows[i]`` (C-contiguous ``[len(queries), k]``
-    float32 / int64, best first); the slots past its hits are left as they were."""
+                       scores: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """:func:`kernel_top_k` for many queries in one C call (one release of the GIL): the C
+    loop writes query ``i``'s hits straight into ``scores[i]`` / ``rows[i]`` (C-contiguous
+    ``[len(queries), k]`` float32 / int64, best first) and leaves the slots past them as they
+    were. Returns each query's number of hits."""
+    counts = np.zeros(len(queries), dtype=np.int64)
     if k < 1 or not len(queries):
-        return
+        return counts
     lengths = np.fromiter((len(q) for q in queries), dtype=np.int64, count=len(queries))
     offsets = np.zeros(len(queries) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     tokens = np.fromiter((t for q in queries for t in q), dtype=np.int64, count=int(offsets[-1]))
-    out_scores, out_rows = np.empty((len(queries), k), np.float32), np.empty((len(queries), k), np.int64)
-    counts = np.empty(len(queries), dtype=np.int64)
-    _kernel.top_k_batch(ix.indptr, ix.indices, ix.data, ix.term_max, tokens, offsets, k, out_scores, out_rows,
-                        counts)
-    hit = np.arange(k)[None, :] < counts[:, None]  # [Q, k]
-    scores[hit], rows[hit] = out_scores[hit], out_rows[hit]
+    _kernel.top_k_batch(ix.indptr, ix.indices, ix.data, ix.term_max, tokens, offsets, k, scores, rows, counts)
+    return counts
 
 
 def maxscore_top_k(query: Sequence[int], k: int, ix: ImpactIndex) -> tuple[np.ndarray, np.ndarray]:
