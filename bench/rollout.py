@@ -65,11 +65,8 @@ THOUGHT = ("Let me think about what the question asks, which entity it names, an
            "about that entity I still need. The passages so far mention several related "
            "places and dates, but none of them states the fact directly, so I compare them "
            "carefully and decide what to look up next before I commit to an answer. ") * 2
-TURNS = [
-    "<think> " + THOUGHT + "</think>\n<search> {q} </search>",
-    "<think> " + THOUGHT + "</think>\n<search> {q} history </search>",
-    "<think> " + THOUGHT + "</think>\n<answer> {a} </answer>",
-]
+SEARCH_TURN = "<think> " + THOUGHT + "</think>\n<search> {q} </search>"
+ANSWER_TURN = "<think> " + THOUGHT + "</think>\n<answer> {a} </answer>"
 
 
 class FakeGenerator:
@@ -79,9 +76,10 @@ class FakeGenerator:
     factor (mean 1) drawn from the turn's own sampling seed, so both modes see the same
     lengths; 0 gives every turn the same length."""
 
-    def __init__(self, tokenizer, tps: float, max_batch_size: int | None = None, length_sigma: float = 0.0):
+    def __init__(self, tokenizer, tps: float, max_batch_size: int | None = None, length_sigma: float = 0.0,
+                 searches: int = 2):
         self.tokenizer, self.tps, self.seconds, self.tokens = tokenizer, tps, 0.0, 0
-        self.length_sigma = length_sigma
+        self.length_sigma, self.searches = length_sigma, searches
         if max_batch_size:
             self.max_batch_size = max_batch_size  # the async mode's calls take at most this many
 
@@ -89,7 +87,8 @@ class FakeGenerator:
         key = hash(tuple(prompt[:64]))  # the prompt identifies the row
         # observations so far (the Search-R1 prompt names </information> once itself)
         turn = max(0, self.tokenizer.decode(prompt).count("</information>") - 1)
-        text = TURNS[min(turn, 2)].format(q=f"topic {key % 97}", a="Danube")
+        script = SEARCH_TURN if turn < self.searches else ANSWER_TURN
+        text = script.format(q=f"topic {key % 97} " + "history " * turn, a="Danube")
         if self.length_sigma > 0:
             words = THOUGHT.split()
             rng = random.Random(seed)
@@ -121,10 +120,12 @@ class FakeStreamingGenerator(FakeGenerator):
     advances ``tick`` tokens, to keep sleeps long enough to be accurate."""
 
     def __init__(self, tokenizer, step_s: float, per_request_s: float = 0.0, tick: int = 8,
-                 length_sigma: float = 0.0):
-        super().__init__(tokenizer, tps=1.0, length_sigma=length_sigma)
+                 length_sigma: float = 0.0, searches: int = 2, capacity: int | None = None):
+        super().__init__(tokenizer, tps=1.0, length_sigma=length_sigma, searches=searches)
         self.step_s, self.per_request_s, self.tick = step_s, per_request_s, tick
-        self.running: dict[str, list] = {}  # request id -> [output, tokens left]
+        self.capacity = capacity  # vLLM's max_num_seqs: later requests wait, first come first served
+        self.waiting: dict[str, list] = {}  # request id -> [output, tokens left], in submission order
+        self.running: dict[str, list] = {}
         self.counter = 0
 
     def submit(self, prompts, params, stop=()):
@@ -133,11 +134,14 @@ class FakeStreamingGenerator(FakeGenerator):
         for p, seed in zip(prompts, seeds):
             out = self.script(p, seed)
             self.counter += 1
-            self.running[str(self.counter)] = [out, len(out.token_ids)]
+            self.waiting[str(self.counter)] = [out, len(out.token_ids)]
             ids.append(str(self.counter))
         return ids
 
     def step(self):
+        while self.waiting and (self.capacity is None or len(self.running) < self.capacity):
+            rid = next(iter(self.waiting))
+            self.running[rid] = self.waiting.pop(rid)
         if not self.running:
             return []
         t0 = time.perf_counter()
@@ -154,6 +158,7 @@ class FakeStreamingGenerator(FakeGenerator):
     def abort(self, request_ids):
         for rid in request_ids:
             self.running.pop(rid, None)
+            self.waiting.pop(rid, None)
 
     def generate(self, prompts, params, stop=()):
         ids = self.submit(prompts, params, stop)
@@ -226,6 +231,31 @@ class LatencySearch(SearchBackend):
         return [SearchResult([Passage(f"d{k}", f"{r.query} {k}", PASSAGE) for k in range(topk)]) for r in requests]
 
 
+def run_steps(engine: RolloutEngine, batch: list[QARow], args, overlap: int | None) -> list:
+    """``args.steps`` training steps on the same rows: each a rollout, then ``--train-ms`` of
+    (fake) training and a version bump. ``overlap`` K: through a RolloutStream, step t's
+    rollout may start at version t - 1 - K (the trainer's loop, without the model)."""
+    from zsearch_cli.rollout.stream import RolloutStream
+
+    trajs: list = []
+    if overlap is None:
+        for step in range(1, args.steps + 1):
+            trajs += engine.rollout(batch, group_size=args.group, step=step)
+            time.sleep(args.train_ms / 1e3)
+            engine.policy_version = step
+        return trajs
+    with RolloutStream(engine, group_size=args.group) as stream:
+        queued = 0
+        for step in range(1, args.steps + 1):
+            while queued < min(args.steps, step + overlap):  # the data loader draws K steps ahead
+                queued += 1
+                stream.put(batch, queued, min_version=queued - 1 - overlap)
+            trajs += stream.get()
+            time.sleep(args.train_ms / 1e3)
+            stream.update(step)
+    return trajs
+
+
 def compare_modes(args) -> tuple[float, list[dict]]:
     """Both rollout modes on the same rows, for each latency distribution; returns the mean
     latency used and one result per (distribution, mode)."""
@@ -235,28 +265,33 @@ def compare_modes(args) -> tuple[float, list[dict]]:
     qa = read_artifact(demo_qa("train"), QA).slice(0, args.rows).to_pylist()
     batch = [QARow(r["id"], r["question"], r["golden_answers"]) for r in qa]
     samples = len(batch) * args.group
-    turn_tokens = len(tokenizer.encode(TURNS[0].format(q="topic 1"), add_special_tokens=False))
+    turn_tokens = len(tokenizer.encode(SEARCH_TURN.format(q="topic 1"), add_special_tokens=False))
 
     def generator():
         if args.generator == "stream":
             return FakeStreamingGenerator(tokenizer, args.step_ms / 1e3, args.per_request_us / 1e6,
-                                          length_sigma=args.length_sigma)
-        return FakeGenerator(tokenizer, args.gen_tps, args.gen_batch, length_sigma=args.length_sigma)
+                                          length_sigma=args.length_sigma, searches=args.searches,
+                                          capacity=args.max_running)
+        return FakeGenerator(tokenizer, args.gen_tps, args.gen_batch, length_sigma=args.length_sigma,
+                             searches=args.searches)
 
     latency = args.latency
     if latency is None:  # one turn's generation time for the whole batch (at the mean turn length)
         if args.generator == "stream":
-            latency = turn_tokens * (args.step_ms / 1e3 + samples * args.per_request_us / 1e6)
+            running = min(samples, args.max_running or samples)  # waves of `running` requests at a time
+            latency = turn_tokens * samples / running * (args.step_ms / 1e3 + running * args.per_request_us / 1e6)
         else:
             latency = samples * turn_tokens / args.gen_tps
+    modes = ["sync", "async"] + ([f"overlap {args.overlap}"] if args.overlap else [])
     results = []
     for dist in args.dists.split(","):
-        for mode in ("sync", "async"):
+        for mode in modes:
             gen, search = generator(), LatencySearch(dist, latency, seed=0)
-            cfg = RolloutConfig(max_turns=4, topk=3, rollout_mode=mode, search_concurrency=args.search_concurrency)
+            cfg = RolloutConfig(max_turns=max(4, args.searches), topk=3, rollout_mode=mode.split()[0].replace(
+                "overlap", "async"), search_concurrency=args.search_concurrency)
             engine = RolloutEngine(gen, TagsProtocol(), search, cfg)
             t0 = time.perf_counter()
-            trajs = engine.rollout(batch, group_size=args.group)
+            trajs = run_steps(engine, batch, args, overlap=args.overlap if mode.startswith("overlap") else None)
             wall = time.perf_counter() - t0
             results.append({"dist": dist, "mode": mode, "samples": len(trajs), "wall": wall,
                             "idle": max(0.0, wall - gen.seconds) / wall,
@@ -267,10 +302,13 @@ def compare_modes(args) -> tuple[float, list[dict]]:
 def _modes_table(latency: float, results: list[dict], args) -> Table:
     if args.generator == "stream":
         gen = (f"continuous batching, a step {args.step_ms:g} ms + {args.per_request_us:g} us per running "
-               f"request")
+               f"request" + (f", at most {args.max_running} running" if args.max_running else ""))
     else:
         gen = f"{args.gen_tps:.0f} tok/s over the batch (async calls <= {args.gen_batch})"
-    table = Table(title=f"rollout modes: {results[0]['samples']} samples x 3 turns, turn lengths lognormal "
+    per_step = results[0]["samples"] // args.steps
+    steps = f"{args.steps} steps x " if args.steps > 1 else ""
+    train = f", training {args.train_ms:g} ms per step" if args.train_ms else ""
+    table = Table(title=f"rollout modes: {steps}{per_step} samples x {args.searches + 1} turns{train}, turn lengths lognormal "
                         f"sigma {args.length_sigma:g}; fake generator: {gen}; search mean {latency:.2f} s per "
                         f"query (one turn's generation), --search-concurrency {args.search_concurrency}")
     for col in ("search latency", "mode", "wall s", "samples/s", "generator idle", "vs sync"):
@@ -339,6 +377,16 @@ def main() -> None:
                     help="--modes, stream: one decode step of the whole batch, ms (bench/gpu_decode.py)")
     ap.add_argument("--per-request-us", type=float, default=20.0,
                     help="--modes, stream: what each running request adds to a step, microseconds")
+    ap.add_argument("--max-running", type=int, default=None,
+                    help="--modes, stream: requests decoded at once (vLLM's max_num_seqs; later ones wait) "
+                         "[no limit]")
+    ap.add_argument("--searches", type=int, default=2,
+                    help="--modes: searches per sample before its answer (turns = searches + 1)")
+    ap.add_argument("--steps", type=int, default=1, help="--modes: training steps, each a rollout of the rows")
+    ap.add_argument("--overlap", type=int, default=0,
+                    help="--modes: also run --rollout-overlap K (rollouts of later steps start K versions ahead)")
+    ap.add_argument("--train-ms", type=float, default=0.0,
+                    help="--modes: (fake) training time per step, between rollouts, ms")
     ap.add_argument("--length-sigma", type=float, default=0.6,
                     help="--modes: lognormal sigma of each turn's length (0 = all turns alike)")
     ap.add_argument("--dists", default="none,constant,lognormal,simulator",

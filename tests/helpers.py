@@ -146,7 +146,7 @@ def make_trajectory(tid: str = "r#0", **fields: Any) -> Trajectory:
     values: dict[str, Any] = dict(
         id=tid, row_id=row_id, sample_index=int(sample), group_id=f"0:{row_id}", question=f"Question {row_id}?",
         golden_answers=[], prompt_ids=prompt, response_ids=response, loss_mask=mask,
-        logprobs=[0.0] * len(response), turns=turns, response_text="", prediction=None, finish_reason="answer",
+        logprobs=[0.0] * len(response), policy_version=[0 if m else -1 for m in mask], turns=turns, response_text="", prediction=None, finish_reason="answer",
         num_turns=len(turns), num_searches=0, num_invalid=0, prompt_tokens=len(prompt),
         response_tokens=len(response), policy_tokens=sum(mask))
     values.update(fields)

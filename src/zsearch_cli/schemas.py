@@ -83,6 +83,7 @@ TRAJECTORY = Artifact(
         ("response_ids", _i32s),    # sampled ids (mask 1) and observation ids (mask 0)
         ("loss_mask", _i8s),        # 1 where the policy sampled the token
         ("logprobs", _f32s),        # sampler logprob per response token; 0.0 where mask is 0
+        ("policy_version", _i32s),  # policy version that sampled each response token; -1 where mask is 0
         ("turns", _str),            # JSON list: per turn text, action, queries, doc ids, search log
         ("response_text", _str),    # decoded response, for humans only (never re-tokenized)
         ("prediction", _str),       # content of the last <answer>, null if none
@@ -95,6 +96,7 @@ TRAJECTORY = Artifact(
         ("policy_tokens", pa.int32()),
     ]),
     unique="id",
+    optional=frozenset({"policy_version"}),  # files written before the column existed lack it
 )
 
 EVAL_EXAMPLE = Artifact(
@@ -204,7 +206,7 @@ ROLLOUT = Artifact(
         *ROLLOUT_PROPOSER_COLUMNS,
     ]),
     unique="id",
-    optional=frozenset({"advantage"}) | frozenset(name for name, _ in ROLLOUT_PROPOSER_COLUMNS),
+    optional=TRAJECTORY.optional | {"advantage"} | frozenset(name for name, _ in ROLLOUT_PROPOSER_COLUMNS),
 )
 
 _f64 = pa.float64()
@@ -212,9 +214,11 @@ METRIC_COLUMNS: tuple[str, ...] = (
     # rollout/: every trajectory the step generated (kept or not), so they describe the policy.
     # logp_mismatch: mean |sampler - training forward| logprob over the policy tokens;
     # sync_mismatch (--backend vllm): max |engine - policy| logprob on a fixed probe after the sync.
+    # staleness (--rollout-overlap): policy versions between the sampler and the trained weights,
+    # mean over the trained policy tokens.
     "rollout/reward_mean", "rollout/reward_std", "rollout/em", "rollout/f1", "rollout/subem",
     "rollout/response_length", "rollout/policy_tokens", "rollout/turns", "rollout/searches", "rollout/invalid",
-    "rollout/answered", "rollout/logp_mismatch", "rollout/sync_mismatch",
+    "rollout/answered", "rollout/logp_mismatch", "rollout/sync_mismatch", "rollout/staleness",
     # actor/: the policy update. Every statistic a policy loss returns (algos/__init__.py lists
     # them), averaged over the step's optimizer steps; samples = sequences trained on.
     "actor/loss", "actor/pg_loss", "actor/clipfrac", "actor/approx_kl", "actor/ratio_mean", "actor/ratio_max",

@@ -36,7 +36,7 @@ from __future__ import annotations
 import queue
 import threading
 from collections import deque
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.models.base import streams
@@ -87,12 +87,12 @@ class SearchPool:
             for (job, _), found in zip(jobs, results):
                 self._done.put((job, found))
 
-    def finished(self, block: bool) -> list[tuple[Any, list[SearchResult]]]:
-        """The jobs done since the last call (waiting for one when ``block``), in the order
-        they finished; a failed call's exception is raised here."""
+    def finished(self, block: bool, timeout: float | None = None) -> list[tuple[Any, list[SearchResult]]]:
+        """The jobs done since the last call (waiting for one when ``block``, at most
+        ``timeout`` seconds), in the order they finished; a failed call's exception is raised here."""
         out = []
         try:
-            item = self._done.get(block=block)
+            item = self._done.get(block=block, timeout=timeout if block else None)
             while True:
                 if isinstance(item, BaseException):
                     raise item
@@ -126,14 +126,14 @@ def rollout_async(engine: "RolloutEngine", samples: Sequence["_Sample"], step: i
 
 
 class _Searches:
-    """The samples' side trips to search, shared by both loops: ``send`` the turns that asked
-    for a search (and put the others that go on back in ``ready``), ``collect`` the
+    """The samples' side trips to search, shared by every async loop: ``send`` the turns that
+    asked for a search (and put the others that go on back in ``ready``), ``collect`` the
     observations that came back (their samples rejoin ``ready``). The pool starts with the
-    first search."""
+    first search. ``failed(err)`` gives the exception to raise when the backend fails."""
 
-    def __init__(self, engine: "RolloutEngine", samples: Sequence["_Sample"], step: int, done: "_Finisher",
-                 ready: deque):
-        self.engine, self.samples, self.step, self.done, self.ready = engine, samples, step, done, ready
+    def __init__(self, engine: "RolloutEngine", done: "_Finisher", ready: deque,
+                 failed: Callable[[ZsearchError], Exception]):
+        self.engine, self.done, self.ready, self.failed = engine, done, ready, failed
         self.pool: SearchPool | None = None
         self.waiting = 0
 
@@ -148,13 +148,13 @@ class _Searches:
         searched = {id(s) for s, _ in pending}
         self.ready.extend(s for s in batch if s.finish is None and id(s) not in searched)
 
-    def collect(self, block: bool) -> None:
+    def collect(self, block: bool, timeout: float | None = None) -> None:
         if not self.waiting:
             return
         try:
-            found = self.pool.finished(block=block)
+            found = self.pool.finished(block=block, timeout=timeout)
         except ZsearchError as err:
-            raise self.engine.search_failed(err, self.samples, self.step) from None
+            raise self.failed(err) from None
         self.waiting -= len(found)
         if found:
             self.engine.observe(found, self.done)
@@ -172,14 +172,14 @@ def _rollout_streaming(engine: "RolloutEngine", samples: Sequence["_Sample"], st
     backend = engine.backend
     ready: deque[_Sample] = deque(samples)
     running: dict[str, _Sample] = {}
-    searches = _Searches(engine, samples, step, done, ready)
+    searches = _Searches(engine, done, ready, lambda err: engine.search_failed(err, samples, step))
     try:
         while ready or searches.waiting or running:
             searches.collect(block=not ready and not running)
             if ready:
                 batch = list(ready)
                 ready.clear()
-                ids = backend.submit(engine.contexts(batch), engine.turn_params(batch, step),
+                ids = backend.submit(engine.contexts(batch), engine.turn_params(batch),
                                      stop=engine.protocol.stop_strings)
                 running.update(zip(ids, batch))
             finished = backend.step() if running else []
@@ -197,12 +197,12 @@ def _rollout_batched(engine: "RolloutEngine", samples: Sequence["_Sample"], step
     that are ready, at most ``max_batch_size``."""
     capacity = getattr(engine.backend, "max_batch_size", None) or len(samples) or 1
     ready: deque[_Sample] = deque(samples)
-    searches = _Searches(engine, samples, step, done, ready)
+    searches = _Searches(engine, done, ready, lambda err: engine.search_failed(err, samples, step))
     try:
         while ready or searches.waiting:
             searches.collect(block=not ready)
             if ready:
                 batch = [ready.popleft() for _ in range(min(capacity, len(ready)))]
-                searches.send(batch, engine.generate_turn(batch, step, done))
+                searches.send(batch, engine.generate_turn(batch, done))
     finally:
         searches.close()

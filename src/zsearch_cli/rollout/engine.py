@@ -64,9 +64,14 @@ class _Sample:
     prompt_ids: list[int]
     seed_key: str = ""
     """The row's part of the sample's identity in its sampling seeds (see :func:`sample_seed`)."""
+    step: int = 0
+    """The rollout step its seeds and group id name."""
+    version: int = 0
+    """The policy version generating its next turn (see :attr:`RolloutEngine.policy_version`)."""
     response_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
     turns: list[dict[str, Any]] = field(default_factory=list)
     searches: int = 0
     invalid: int = 0
@@ -78,9 +83,11 @@ class _Sample:
         if logprobs is None:  # template/observation tokens: not sampled, not trained on
             self.loss_mask.extend([0] * len(ids))
             self.logprobs.extend([0.0] * len(ids))
+            self.versions.extend([-1] * len(ids))
         else:
             self.loss_mask.extend([1] * len(ids))
             self.logprobs.extend(logprobs)
+            self.versions.extend([self.version] * len(ids))
 
     @property
     def length(self) -> int:
@@ -123,6 +130,9 @@ class RolloutEngine:
         if self.config.rollout_mode not in ROLLOUT_MODES:
             raise ZsearchError(f"unknown --rollout-mode {self.config.rollout_mode!r}: use one of {', '.join(ROLLOUT_MODES)}")
         self._rust = getattr(self.tokenizer, "backend_tokenizer", None)
+        self.policy_version = 0
+        """Weight updates the backend has seen (the trainer sets it: steps done); recorded
+        with every sampled token (``Trajectory.policy_version``)."""
 
     # ------------------------------------------------------------------ prompt
 
@@ -206,7 +216,7 @@ class RolloutEngine:
                 active = [s for s in samples if s.finish is None]
                 if not active:
                     break
-                pending = self.generate_turn(active, step, done)
+                pending = self.generate_turn(active, done)
                 if pending:
                     results = self._search_all(pending, samples, step)
                     self.observe(list(zip([s for s, _ in pending], results)), done)
@@ -227,10 +237,11 @@ class RolloutEngine:
             # A repeated row id gets its own streams, as it would at another batch position.
             seen[row.id] = seen.get(row.id, -1) + 1
             key = row.id if seen[row.id] == 0 else f"{row.id}~{seen[row.id]}"
-            samples += [_Sample(row, g, group_id, prompt, seed_key=key) for g in range(group_size)]
+            samples += [_Sample(row, g, group_id, prompt, seed_key=key, step=step, version=self.policy_version)
+                        for g in range(group_size)]
         return samples
 
-    def turn_params(self, batch: Sequence[_Sample], step: int) -> SamplingParams:
+    def turn_params(self, batch: Sequence[_Sample]) -> SamplingParams:
         """How to sample the next turn of each sample of ``batch``."""
         cfg = self.config
         # Each sample's seed names the sample and its turn, never its place in the batch, so
@@ -239,7 +250,7 @@ class RolloutEngine:
             max_new_tokens=cfg.max_turn_tokens,
             temperature=cfg.temperature,
             top_p=cfg.top_p,
-            seeds=tuple(sample_seed(cfg.seed, step, s.seed_key, s.sample_index, len(s.turns)) for s in batch),
+            seeds=tuple(sample_seed(cfg.seed, s.step, s.seed_key, s.sample_index, len(s.turns)) for s in batch),
         )
 
     @staticmethod
@@ -247,10 +258,10 @@ class RolloutEngine:
         """What the policy continues: the prompt and the response so far, as ids."""
         return [s.prompt_ids + s.response_ids for s in batch]
 
-    def generate_turn(self, batch: Sequence[_Sample], step: int, done: "_Finisher") -> list[tuple[_Sample, Any]]:
+    def generate_turn(self, batch: Sequence[_Sample], done: "_Finisher") -> list[tuple[_Sample, Any]]:
         """Generate the next turn of every sample in ``batch`` (one backend call) and record it;
         returns the ``(sample, action)`` pairs whose search should run now."""
-        outs = self.backend.generate(self.contexts(batch), self.turn_params(batch, step),
+        outs = self.backend.generate(self.contexts(batch), self.turn_params(batch),
                                      stop=self.protocol.stop_strings)
         return self.record_turns(batch, outs, done)
 
@@ -366,6 +377,7 @@ class RolloutEngine:
             response_ids=s.response_ids,
             loss_mask=s.loss_mask,
             logprobs=s.logprobs,
+            policy_version=s.versions,
             turns=s.turns,
             response_text=response_text,
             prediction=s.prediction,

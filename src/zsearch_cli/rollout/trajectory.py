@@ -18,6 +18,10 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 
+OPTIONAL = {"policy_version"}
+"""Fields that files written by older versions lack (``schemas.TRAJECTORY.optional``)."""
+
+
 @dataclass
 class Trajectory:
     """One sampled episode (docs/architecture.md: rollout → reward)."""
@@ -37,6 +41,10 @@ class Trajectory:
     """1 where the policy sampled the token; 0 on observations and templates."""
     logprobs: list[float]
     """The sampler's logprob per response token; 0.0 where ``loss_mask`` is 0."""
+    policy_version: list[int]
+    """Per response token, the policy version that sampled it (weight updates applied
+    before it: a training step's rollout samples with version step − 1, an overlapped one
+    with an older version too); -1 where ``loss_mask`` is 0."""
     turns: list[dict[str, Any]]
     """Per turn: the model's text, parsed action, queries, doc ids, passages, search log."""
     response_text: str
@@ -66,7 +74,9 @@ class Trajectory:
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> "Trajectory":
         """The inverse of :meth:`to_row` (a TRAJECTORY / ROLLOUT row; extra columns are ignored)."""
-        values = {f.name: row[f.name] for f in fields(cls)}
+        values = {f.name: row.get(f.name) if f.name in OPTIONAL else row[f.name] for f in fields(cls)}
+        if values["policy_version"] is None:  # written before the column existed: unknown
+            values["policy_version"] = [-1] * len(values["response_ids"])
         if isinstance(values["turns"], str):
             values["turns"] = json.loads(values["turns"])
         return cls(**values)

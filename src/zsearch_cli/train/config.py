@@ -103,6 +103,11 @@ class TrainConfig(Record):
     noise_schedule: str | None = None
     """sim search: curriculum (eq. 1) or fixed (p = --noise-start) [curriculum]."""
 
+    # ---- off-policy overlap (docs/architecture.md, "Rollout overlap")
+    rollout_overlap: int = option(0, range=AT_LEAST_0)
+    """K > 0: later steps' rollouts start while a step trains, on weights up to K updates old
+    (off-policy: the loss takes the sampler's logprobs as pi_old); 0 = on-policy."""
+
     preset: str | None = None
     """search-r1, zerosearch, dspo or drzero-solver: the papers' settings; flags override [none]."""
 
@@ -247,6 +252,9 @@ def check_config(cfg: TrainConfig) -> Any:
     need(cfg.backend in ("auto", "hf", "vllm"), f"unknown --backend {cfg.backend!r}: use hf, vllm or auto")
     need(cfg.save_every >= 0 and cfg.keep_checkpoints >= 1,
          "--save-every must be >= 0 and --keep-checkpoints >= 1")
+    need(not (cfg.rollout_overlap and spec.filter_groups),
+         f"--rollout-overlap with --algo {cfg.algo}: DSPO's dynamic filter draws generation batches on demand, "
+         "which a rollout started steps ahead cannot serve; use --rollout-overlap 0 (or --algo dspo-nofilter)")
     from zsearch_cli.rollout.protocols import PROTOCOLS
 
     need(cfg.protocol in PROTOCOLS, f"unknown --protocol {cfg.protocol!r}: use one of {', '.join(PROTOCOLS)}")

@@ -118,6 +118,7 @@ class Trainer:
         self.metrics = MetricsLog(Path(cfg.out), resolved_dict(cfg, self.accelerator.num_processes), self.accelerator,
                                   self.accelerator.is_main_process)
         self.start_step = 0
+        self.overlap = None  # --rollout-overlap: the stream and the rows drawn ahead, while train() runs
         if resume_dir is not None:
             state = load_training_state(self.training_state(), resume_dir,
                                         note=lambda text: self.console.print(f"[yellow]{text}[/]", soft_wrap=True))
@@ -149,6 +150,9 @@ class Trainer:
             raise ZsearchError(f"accelerate: {err}") from None
         check_sharded_saving(acc)
         check_even_shards(self.cfg.batch_size, acc.num_processes)
+        if self.cfg.rollout_overlap and acc.num_processes > 1:
+            raise ZsearchError("--rollout-overlap runs on one process for now (the rollout thread would issue "
+                               "collectives beside training's); use --rollout-overlap 0 under accelerate launch")
         if distribution(acc) == "deepspeed":
             self._check_deepspeed(acc)
         self._init_tracker(acc)
@@ -213,10 +217,11 @@ class Trainer:
         if kind == "hf":
             from zsearch_cli.models.hf import HFBackend
 
-            if distribution(self.accelerator) == "replicated":
+            if distribution(self.accelerator) == "replicated" and not self.cfg.rollout_overlap:
                 # Shares the policy object: generation always sees the weights being trained.
                 return HFBackend(self.accelerator.unwrap_model(self.policy), self.tokenizer), False
-            # FSDP / ZeRO-3: a full copy, refreshed after each update (see generation_copy)
+            # FSDP / ZeRO-3, or rollouts that go on while the policy trains: a full copy,
+            # refreshed after each update (see generation_copy)
             self.generation_copy = generation_copy(self.cfg, self.accelerator, resume_dir)
             return HFBackend(self.generation_copy, self.tokenizer), False
         if distribution(self.accelerator) != "replicated":
@@ -250,7 +255,10 @@ class Trainer:
                                    f"(tolerance {tol:.0e} for {str(self.generation.dtype).removeprefix('torch.')}); rollouts would not come "
                                    "from the weights being trained")
         elif self.generation_copy is not None:
-            sync_generation_copy(self.accelerator, self.policy, self.generation_copy)
+            if distribution(self.accelerator) == "replicated":  # --rollout-overlap on one process
+                self.generation_copy.load_state_dict(self.accelerator.unwrap_model(self.policy).state_dict())
+            else:
+                sync_generation_copy(self.accelerator, self.policy, self.generation_copy)
 
     def _worst_over_processes(self, value: float) -> float:
         """The largest ``value`` of all processes (a collective; itself on one process), so that
@@ -307,7 +315,13 @@ class Trainer:
         done = step - 1  # steps before this one: what the curriculum and the seeds count
         self.search.progress(done, cfg.steps)  # the simulator's noise curriculum reads it
         acc = self.accelerator
-        collected = sample_step(self.engine, self.data, self.spec, self.acfg, step, group_size=cfg.group_size,
+        if self.overlap is not None:  # rows drawn and rolled out ahead (train/overlap.py)
+            self.overlap.fill(step)
+            engine, data = self.overlap, self.overlap
+        else:
+            self.engine.policy_version = done
+            engine, data = self.engine, self.data
+        collected = sample_step(engine, data, self.spec, self.acfg, step, group_size=cfg.group_size,
                             metric=cfg.reward,
                             protocol=cfg.protocol, format_bonus=cfg.format_bonus, reward_fn=self.reward_fn,
                             shard=(acc.process_index, acc.num_processes), batch_reward_fn=self.batch_reward_fn,
@@ -316,19 +330,27 @@ class Trainer:
             self.console.print(f"[yellow]{note}[/]", soft_wrap=True)
         t1 = time.perf_counter()
         update: dict[str, float] | None = None
-        mismatch = sync_time = None
+        mismatch = sync_time = staleness = None
+        validation: dict[str, Any] = {}
         train = collected.train
         if train:
             self.policy.train()
-            batch = rollout_tensors(self.models, step_batch(train, self.models.pad_id), cfg)
+            batch = rollout_tensors(self.models, step_batch(train, self.models.pad_id), cfg, version=done)
             batch = advantages(self.spec, self.acfg, batch, self.accelerator)
             for sample, a in zip(train, sample_advantages(batch)):
                 sample.advantage = a
             update = optimize(self.models, self.spec, self.acfg, cfg, batch, done)
             mismatch = batch.logp_mismatch
-            t_sync = time.perf_counter()
-            self._sync_generation()
-            sync_time = time.perf_counter() - t_sync if self.uses_vllm else None
+            sampled = batch.tokens.mask.bool()
+            staleness = float((done - batch.versions[sampled]).float().mean()) if sampled.any() else None
+        t_sync = time.perf_counter()
+        if self.overlap is not None:
+            # New weights (and validation) where no request is generating: on the rollout thread.
+            self.overlap.stream.update(step, push=lambda: self._refresh(step, bool(train), validation))
+        else:
+            self._refresh(step, bool(train), validation)
+        if train and (self.uses_vllm or self.overlap is not None):
+            sync_time = time.perf_counter() - t_sync
         lr = self.scheduler.get_last_lr()[0]  # the lr this step's updates used
         critic_lr = self.critic_scheduler.get_last_lr()[0] if self.critic_scheduler is not None else None
         with warnings.catch_warnings():  # a DSPO step with nothing kept steps the lr without an update
@@ -339,16 +361,25 @@ class Trainer:
         now = time.perf_counter()
         extra = {"actor/lr": lr, "critic/lr": critic_lr, "rollout/logp_mismatch": mismatch,
                  "rollout/sync_mismatch": self.sync_mismatch if self.uses_vllm and train else None,
+                 "rollout/staleness": staleness if cfg.rollout_overlap else None,
                  "time/update": now - t1, "time/step": now - t0, "time/sync": sync_time,
                  **{f"search/{k}": v for k, v in self.search.metrics().items()}, **collected.reward_metrics}
-        if self.validator is not None and self.validator.due(step):
-            extra.update(self.validator.run(step))  # val/em, val/f1, val/subem of the updated policy
+        extra.update(validation)  # val/em, val/f1, val/subem of the updated policy
         row = self._reduce(step_metrics(step, collected, update, extra))
         if cfg.save_rollouts:
             self._save_rollouts(step, collected.samples)
         self.metrics.log(row)
         self._check_logp_mismatch(row)
         return row
+
+    def _refresh(self, step: int, updated: bool, validation: dict[str, Any]) -> None:
+        """After step ``step``'s update: the generation backend gets the new weights, then
+        validation runs when due (its metrics go into ``validation``). Both need the backend
+        idle, so under --rollout-overlap this runs on the rollout thread, between two turns."""
+        if updated:
+            self._sync_generation()
+        if self.validator is not None and self.validator.due(step):
+            validation.update(self.validator.run(step))
 
     def _reduce(self, row: dict[str, Any]) -> dict[str, Any]:
         """Average each metric over processes (a no-op on one process): one gather of the
@@ -370,7 +401,7 @@ class Trainer:
     def training_state(self) -> TrainingState:
         """What a checkpoint saves and restores (train/checkpoint.py)."""
         return TrainingState(self.accelerator, self.cfg, self.policy, self.tokenizer, self.optimizer, self.scheduler,
-                             self.data, self.metrics.rows, self.critic, self.critic_optimizer, self.critic_scheduler)
+                             self.overlap or self.data, self.metrics.rows, self.critic, self.critic_optimizer, self.critic_scheduler)
 
     def checkpoint(self, completed: int) -> Path:
         """Save OUT/checkpoints/step-``completed`` and the Parquet metrics. Every process calls
@@ -399,6 +430,32 @@ class Trainer:
                    TextColumn("reward {task.fields[reward]}"), TextColumn("{task.fields[sps]} s/step"),
                    TimeElapsedColumn())
         show = self.accelerator.is_main_process
+        if cfg.rollout_overlap:
+            self._start_overlap()
+        try:
+            self._steps(columns, show)
+        finally:
+            if self.overlap is not None:
+                self.overlap.stream.close()
+                self.overlap = None
+        final = self.save_final()
+        if show:
+            self.metrics.write_parquet()
+            self.console.print(f"final model written to {final} (zsearch eval --model {final})", soft_wrap=True)
+        self.close()  # before end_training: it destroys the process group the vLLM engine uses
+        self.accelerator.end_training()
+        return final
+
+    def _start_overlap(self) -> None:
+        from zsearch_cli.rollout.stream import RolloutStream
+        from zsearch_cli.train.overlap import OverlapSource
+
+        self.engine.policy_version = self.start_step  # the weights the engine holds now
+        stream = RolloutStream(self.engine, self.cfg.group_size)
+        self.overlap = OverlapSource(stream, self.data, self.cfg.rollout_overlap, self.cfg.steps)
+
+    def _steps(self, columns: tuple, show: bool) -> None:
+        cfg = self.cfg
         with Progress(*columns, console=self.console, disable=not show) as bar:
             task = bar.add_task("train", total=cfg.steps, completed=self.start_step, algo=cfg.algo, reward="-", sps="-")
             for step in range(self.start_step + 1, cfg.steps + 1):  # 1-based; start_step steps are done
@@ -408,13 +465,6 @@ class Trainer:
                     bar.console.print(console_line(row, cfg.steps), highlight=False, soft_wrap=True)
                 if cfg.save_every and step % cfg.save_every == 0:
                     self.checkpoint(step)
-        final = self.save_final()
-        if show:
-            self.metrics.write_parquet()
-            self.console.print(f"final model written to {final} (zsearch eval --model {final})", soft_wrap=True)
-        self.close()  # before end_training: it destroys the process group the vLLM engine uses
-        self.accelerator.end_training()
-        return final
 
 
 def run_training(cfg: TrainConfig, **kwargs: Any) -> Path:

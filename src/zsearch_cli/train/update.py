@@ -61,6 +61,7 @@ class StepBatch:
     prompt_lengths: Tensor  # [N] long
     response_lengths: Tensor  # [N] long
     sampler_logp: Tensor  # [N, T] float32: the sampler's logprobs (0 on observations and padding)
+    versions: Tensor  # [N, T] long: the policy version that sampled each token (-1 on observations and padding)
     rewards: Tensor  # [N] float32
     group_keys: list[Hashable]
     """What the advantage baseline groups by (a prompt's group id, or a batch reward's key)."""
@@ -70,7 +71,8 @@ class StepBatch:
     advantages: Tensor | None = None  # [N] (sequence algos) or [N, T] (PPO)
     returns: Tensor | None = None  # [N, T] (PPO)
     logp_mismatch: float | None = None
-    """Mean |sampler − recomputed| logprob over the policy tokens."""
+    """Mean |sampler − recomputed| logprob over the policy tokens (with --rollout-overlap:
+    over those the current weights sampled; None when there are none)."""
 
     @property
     def size(self) -> int:
@@ -117,20 +119,27 @@ def step_batch(samples: Sequence[Sample], pad_id: int) -> StepBatch:
     tokens = collate(trajs, pad_id, "cpu")
     width = tokens.mask.shape[1]
     sampler = pad_rows([torch.as_tensor(t.logprobs, dtype=torch.float32) for t in trajs], width)
+    versions = pad_rows([torch.as_tensor(t.policy_version, dtype=torch.long) for t in trajs], width, value=-1)
     return StepBatch(
         tokens=tokens,
         prompt_lengths=torch.tensor([len(t.prompt_ids) for t in trajs], dtype=torch.long),
         response_lengths=torch.tensor([len(t.response_ids) for t in trajs], dtype=torch.long),
         sampler_logp=sampler,
+        versions=versions,
         rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32),
         group_keys=[s.group_key for s in samples],
     )
 
 
 @torch.no_grad()
-def rollout_tensors(m: StepModels, batch: StepBatch, cfg: TrainConfig) -> StepBatch:
+def rollout_tensors(m: StepModels, batch: StepBatch, cfg: TrainConfig, version: int = 0) -> StepBatch:
     """Fill ``old_logp`` (the current policy, before the update), ``ref_logp`` (if there is a
-    reference), ``values`` (if there is a critic), all [N, T], and ``logp_mismatch``."""
+    reference), ``values`` (if there is a critic), all [N, T], and ``logp_mismatch``.
+
+    With ``--rollout-overlap`` the tokens were sampled by up to K older versions, so
+    ``old_logp`` is the sampler's logprobs (π_old = the behaviour policy, the off-policy
+    correction of the papers), and the mismatch is measured on the tokens that the current
+    weights (``version``) sampled, the only ones where sampler and policy must agree."""
     n, width = batch.size, batch.tokens.mask.shape[1]
 
     def frame() -> Tensor:
@@ -147,15 +156,20 @@ def rollout_tensors(m: StepModels, batch: StepBatch, cfg: TrainConfig) -> StepBa
         logp, _ = policy_forward(m.policy, fb, cfg.temperature)  # [b, t]
         batch.old_logp[rows, :t] = torch.where(inside, logp.float(), 0.0)
         diff = (logp - batch.rows(batch.sampler_logp, micro).to(logp.device)).abs()
-        diff_sum += float(diff[fb.mask].sum())
-        diff_n += int(fb.mask.sum())
+        same = fb.mask
+        if cfg.rollout_overlap:
+            same = same & (batch.rows(batch.versions, micro).to(logp.device) == version)
+        diff_sum += float(diff[same].sum())
+        diff_n += int(same.sum())
         if batch.ref_logp is not None:
             with reference_mode(m.accelerator.unwrap_model(m.reference)) as ref:
                 ref_logp, _ = policy_forward(ref, fb, cfg.temperature)
             batch.ref_logp[rows, :t] = torch.where(inside, ref_logp.float(), 0.0)
         if batch.values is not None:
             batch.values[rows, :t] = torch.where(inside, critic_forward(m.critic, fb).float(), 0.0)
-    batch.logp_mismatch = diff_sum / max(diff_n, 1)
+    batch.logp_mismatch = diff_sum / diff_n if diff_n else None
+    if cfg.rollout_overlap:
+        batch.old_logp = batch.sampler_logp.to(m.device)  # 0 on observations and padding, as the frame
     return batch
 
 
