@@ -130,3 +130,24 @@ def test_eval_vllm_trajectories_equal_hf_greedy(tmp_path, vllm_tiny_dir, demo_in
     # Several turns each, with the engine's observations between them: the random model's turns
     # are invalid actions, answered by the protocol's retry message (it never searches).
     assert all(r["turns"] > 1 for r in vl) and "My previous action is invalid" in vl[0]["trajectory"]
+
+
+def test_overlapped_rollouts_sync_the_engine_between_turns(tmp_path, vllm_tiny_dir, demo_index):
+    # --rollout-overlap 1 on the real engine: the stream steps vLLM on its own thread while the
+    # policy trains, and each weight sync runs there once no request is decoding (the engine's
+    # update_weights refuses otherwise). Tokens the current weights sampled must score as
+    # the policy does (the trainer stops otherwise); every token is at most one version old.
+    from zsearch_cli.schemas import ROLLOUT
+
+    trainer = _trainer(tmp_path, vllm_tiny_dir, demo_index, steps=4, rollout_overlap=1, save_rollouts=True)
+    trainer.train()
+    metrics = read_artifact(tmp_path / "run" / "metrics.parquet", METRICS).to_pylist()
+    staleness = [m["rollout/staleness"] for m in metrics]
+    assert staleness[0] == 0 and all(0 <= s <= 1 for s in staleness) and max(staleness) > 0
+    for m in metrics:
+        assert m["rollout/logp_mismatch"] is None or m["rollout/logp_mismatch"] < TOL
+        assert 0 <= m["rollout/sync_mismatch"] < TOL and m["actor/grad_norm"] > 0
+    for step in (1, 2, 3, 4):
+        rows = read_artifact(tmp_path / "run" / "rollouts" / f"step-{step:06d}.parquet", ROLLOUT).to_pylist()
+        versions = {v for r in rows for v, k in zip(r["policy_version"], r["loss_mask"]) if k}
+        assert versions and versions <= {step - 2, step - 1} and min(versions) >= 0, (step, versions)
