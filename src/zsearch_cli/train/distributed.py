@@ -1,6 +1,6 @@
 """How the prepared models are spread over the processes (one process, DDP, FSDP, ZeRO),
 asked by the checkpoint code (what to gather before saving) and by the policy's generation
-copy (how to read sharded weights)."""
+copy (how to read sharded weights); the checks and the tracker the accelerator needs at start."""
 
 from __future__ import annotations
 
@@ -29,3 +29,38 @@ def check_sharded_saving(acc: Any) -> None:
     if zero.get("stage") == 3 and not zero.get("stage3_gather_16bit_weights_on_model_save"):
         raise ZsearchError("DeepSpeed ZeRO-3 without zero3_save_16bit_model: true (stage3_gather_16bit_weights_"
                            "on_model_save) cannot save the model; set it in the accelerate config")
+
+
+def check_deepspeed(acc: Any, cfg: Any, spec: Any) -> None:
+    """DeepSpeed runs its optimizer step inside every ``accelerator.backward`` (update.py
+    does not mark accumulation boundaries), so one optimizer step must be one micro-batch."""
+    if spec.needs_critic:  # accelerate sends every backward through its last prepared engine
+        raise ZsearchError(f"--algo {cfg.algo} under DeepSpeed: the critic would be a second DeepSpeed engine, "
+                           "which zsearch does not drive; use DDP or FSDP")
+    per_process = cfg.mini_batch_size or -(-cfg.batch_size // acc.num_processes) * cfg.group_size
+    if cfg.micro_batch_size < per_process:
+        raise ZsearchError(f"under DeepSpeed every backward is an optimizer step: set --micro-batch-size >= "
+                           f"{per_process} (the mini-batch of one process), got {cfg.micro_batch_size}")
+    plugin = acc.state.deepspeed_plugin
+    if plugin.is_auto("train_micro_batch_size_per_gpu"):
+        # accelerate sizes DeepSpeed's batch from a prepared DataLoader, and zsearch has none
+        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
+
+
+def init_tracker(acc: Any, cfg: Any) -> None:
+    """--report-to: accelerate's tracker, on the main process, writing under OUT."""
+    from zsearch_cli.train.config import resolved_dict
+
+    report_to = cfg.report_to
+    if report_to == "none":
+        return
+    hparams = resolved_dict(cfg, acc.num_processes)
+    flat = {k: v for k, v in hparams.items() if isinstance(v, (int, float, str, bool))}
+    try:
+        acc.init_trackers("zsearch", config=flat)
+    except (ImportError, ValueError, RuntimeError) as err:
+        raise ZsearchError(f"--report-to {report_to}: {err}") from None
+    if acc.is_main_process and not acc.trackers:
+        # accelerate drops a tracker whose package is missing with only a warning
+        raise ZsearchError(f"--report-to {report_to}: the {report_to} package is not installed "
+                           f"(pip install {report_to})")

@@ -231,7 +231,8 @@ def unsharded_loading(accelerator: Any) -> Iterator[None]:
 
 
 def generation_copy(cfg: TrainConfig, accelerator: Any, resume_dir: Path | None) -> Any:
-    """A full, frozen copy of the policy for the HF backend under FSDP / ZeRO-3. Why: there
+    """A full, frozen copy of the policy for the HF backend under FSDP / ZeRO-3, and under
+    --rollout-overlap (rollouts go on while the policy trains). Why FSDP / ZeRO-3: there
     each process holds a shard, and a forward through the sharded model gathers the weights
     with a collective, so every process would have to run the same forwards in lockstep,
     while rollouts differ in length, turns and (DSPO) generation batches per process. Costs
@@ -246,7 +247,10 @@ def generation_copy(cfg: TrainConfig, accelerator: Any, resume_dir: Path | None)
 @torch.no_grad()
 def sync_generation_copy(accelerator: Any, policy: Any, copy: Any) -> None:
     """Load the sharded ``policy``'s current weights into ``copy`` on every process (a
-    collective: call it on all)."""
+    collective: call it on all); a whole policy (one process, --rollout-overlap) is copied."""
+    if distribution(accelerator) == "replicated":
+        copy.load_state_dict(accelerator.unwrap_model(policy).state_dict())
+        return
     if distribution(accelerator) == "deepspeed":
         import deepspeed
 
@@ -279,3 +283,32 @@ def merged_weights(model: Any) -> Iterator[tuple[str, torch.Tensor]]:
             continue
         name = name.replace(".base_layer.", ".")
         yield name, merged.get(name, tensor)
+
+
+def generation_backend(cfg: TrainConfig, accelerator: Any, policy: Any, tokenizer: Any,
+                       resume_dir: Path | None) -> tuple[Any, Any]:
+    """The backend rollouts sample from, and the HF generation copy it samples with (None
+    when it shares the policy object, or is vLLM with weights of its own)."""
+    from zsearch_cli.models.factory import vllm_available
+
+    kind = cfg.backend
+    if kind == "auto":
+        kind = "vllm" if vllm_available() else "hf"
+    if kind == "hf":
+        from zsearch_cli.models.hf import HFBackend
+
+        if distribution(accelerator) == "replicated" and not cfg.rollout_overlap:
+            # Shares the policy object: generation always sees the weights being trained.
+            return HFBackend(accelerator.unwrap_model(policy), tokenizer), None
+        # FSDP / ZeRO-3, or rollouts that go on while the policy trains: a full copy,
+        # refreshed after each update (see generation_copy)
+        copy = generation_copy(cfg, accelerator, resume_dir)
+        return HFBackend(copy, tokenizer), copy
+    if distribution(accelerator) != "replicated":
+        raise ZsearchError("--backend vllm under FSDP / ZeRO-3 is not supported yet (the weight sync reads "
+                           "whole tensors); use DDP (stages/accelerate/ddp.yaml) or --backend hf")
+    from zsearch_cli.models.vllm import VLLMBackend
+
+    start = str(resume_dir) if resume_dir is not None and cfg.lora_r == 0 else cfg.model
+    return VLLMBackend(start, dtype=cfg.dtype, seed=cfg.seed, tokenizer=tokenizer,
+                       max_model_len=cfg.max_context_tokens), None

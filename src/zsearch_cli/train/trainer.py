@@ -32,15 +32,16 @@ from zsearch_cli.errors import ZsearchError
 from zsearch_cli.models.base import logp_tolerance
 from zsearch_cli.protocol import differing
 from zsearch_cli.search.base import SearchBackend
-from zsearch_cli.train.distributed import check_sharded_saving, distribution
+from zsearch_cli.train.distributed import check_deepspeed, check_sharded_saving, distribution, init_tracker
 from zsearch_cli.train.checkpoint import (atomic_dir, check_resumable,
                                           full_model_state, latest_checkpoint, load_training_state, read_state,
                                           save_checkpoint, TrainingState)
 from zsearch_cli.train.step_samples import BatchRewardFn, RewardFn, Sample, sample_step
 from zsearch_cli.train.config import TrainConfig, check_config, check_even_shards, get_spec, resolve_config, resolved_dict, search_options
 from zsearch_cli.train.sampler import PromptSampler, load_rows
-from zsearch_cli.train.metrics import MetricsLog, average_over_processes, console_line, step_metrics
-from zsearch_cli.train.policy import (generation_copy, load_critic, load_policy, load_reference,
+from zsearch_cli.train.metrics import (MetricsLog, average_over_processes, check_logp_mismatch, console_line,
+                                      step_metrics)
+from zsearch_cli.train.policy import (generation_backend, load_critic, load_policy, load_reference,
                                       merged_weights, save_policy, sync_generation_copy, unsharded_loading)
 from zsearch_cli.train.optim import make_optimizer
 from zsearch_cli.train.update import (StepModels, advantages, optimize, rollout_tensors, sample_advantages,
@@ -108,7 +109,11 @@ class Trainer:
             # --noise-* and the seed, for the simulator (search_options checked them already)
             search = make_search_backend(cfg.search, index_dir=cfg.index or Path("runs/index"), **search_options(cfg))
         self.search: SearchBackend = search
-        self.generation, self.uses_vllm = self._generation_backend(resume_dir)
+        self.generation, self.generation_copy = generation_backend(cfg, self.accelerator, self.policy,
+                                                                   self.tokenizer, resume_dir)
+        from zsearch_cli.models.hf import HFBackend
+
+        self.uses_vllm = not isinstance(self.generation, HFBackend)
         from zsearch_cli.rollout.build import build_engine
 
         self.engine = build_engine(cfg, backend=self.generation, search=self.search,
@@ -154,41 +159,9 @@ class Trainer:
             raise ZsearchError("--rollout-overlap runs on one process for now (the rollout thread would issue "
                                "collectives beside training's); use --rollout-overlap 0 under accelerate launch")
         if distribution(acc) == "deepspeed":
-            self._check_deepspeed(acc)
-        self._init_tracker(acc)
+            check_deepspeed(acc, self.cfg, self.spec)
+        init_tracker(acc, self.cfg)
         return acc
-
-    def _check_deepspeed(self, acc: Any) -> None:
-        """DeepSpeed runs its optimizer step inside every ``accelerator.backward`` (update.py
-        does not mark accumulation boundaries), so one optimizer step must be one micro-batch."""
-        cfg = self.cfg
-        if self.spec.needs_critic:  # accelerate sends every backward through its last prepared engine
-            raise ZsearchError(f"--algo {cfg.algo} under DeepSpeed: the critic would be a second DeepSpeed engine, "
-                               "which zsearch does not drive; use DDP or FSDP")
-        per_process = cfg.mini_batch_size or -(-cfg.batch_size // acc.num_processes) * cfg.group_size
-        if cfg.micro_batch_size < per_process:
-            raise ZsearchError(f"under DeepSpeed every backward is an optimizer step: set --micro-batch-size >= "
-                               f"{per_process} (the mini-batch of one process), got {cfg.micro_batch_size}")
-        plugin = acc.state.deepspeed_plugin
-        if plugin.is_auto("train_micro_batch_size_per_gpu"):
-            # accelerate sizes DeepSpeed's batch from a prepared DataLoader, and zsearch has none
-            plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
-
-    def _init_tracker(self, acc: Any) -> None:
-        """--report-to: accelerate's tracker, on the main process, writing under OUT."""
-        report_to = self.cfg.report_to
-        if report_to == "none":
-            return
-        hparams = resolved_dict(self.cfg, acc.num_processes)
-        flat = {k: v for k, v in hparams.items() if isinstance(v, (int, float, str, bool))}
-        try:
-            acc.init_trackers("zsearch", config=flat)
-        except (ImportError, ValueError, RuntimeError) as err:
-            raise ZsearchError(f"--report-to {report_to}: {err}") from None
-        if acc.is_main_process and not acc.trackers:
-            # accelerate drops a tracker whose package is missing with only a warning
-            raise ZsearchError(f"--report-to {report_to}: the {report_to} package is not installed "
-                               f"(pip install {report_to})")
 
     def _resume_point(self) -> Path | None:
         """The checkpoint to resume from, after checking the options still match it."""
@@ -206,32 +179,6 @@ class Trainer:
             raise ZsearchError(f"--resume: options differ from the run in {self.cfg.out} ({', '.join(changed)}); "
                                "pass the same options or choose another --out")
         return latest
-
-    def _generation_backend(self, resume_dir: Path | None) -> tuple[Any, bool]:
-        from zsearch_cli.models.factory import vllm_available
-
-        kind = self.cfg.backend
-        if kind == "auto":
-            kind = "vllm" if vllm_available() else "hf"
-        self.generation_copy = None
-        if kind == "hf":
-            from zsearch_cli.models.hf import HFBackend
-
-            if distribution(self.accelerator) == "replicated" and not self.cfg.rollout_overlap:
-                # Shares the policy object: generation always sees the weights being trained.
-                return HFBackend(self.accelerator.unwrap_model(self.policy), self.tokenizer), False
-            # FSDP / ZeRO-3, or rollouts that go on while the policy trains: a full copy,
-            # refreshed after each update (see generation_copy)
-            self.generation_copy = generation_copy(self.cfg, self.accelerator, resume_dir)
-            return HFBackend(self.generation_copy, self.tokenizer), False
-        if distribution(self.accelerator) != "replicated":
-            raise ZsearchError("--backend vllm under FSDP / ZeRO-3 is not supported yet (the weight sync reads "
-                               "whole tensors); use DDP (stages/accelerate/ddp.yaml) or --backend hf")
-        from zsearch_cli.models.vllm import VLLMBackend
-
-        start = str(resume_dir) if resume_dir is not None and self.cfg.lora_r == 0 else self.cfg.model
-        return VLLMBackend(start, dtype=self.cfg.dtype, seed=self.cfg.seed, tokenizer=self.tokenizer,
-                           max_model_len=self.cfg.max_context_tokens), True
 
     def _all_counts(self, n: int) -> list[int]:
         """Every process's ``n``, in rank order (a collective)."""
@@ -255,10 +202,7 @@ class Trainer:
                                    f"(tolerance {tol:.0e} for {str(self.generation.dtype).removeprefix('torch.')}); rollouts would not come "
                                    "from the weights being trained")
         elif self.generation_copy is not None:
-            if distribution(self.accelerator) == "replicated":  # --rollout-overlap on one process
-                self.generation_copy.load_state_dict(self.accelerator.unwrap_model(self.policy).state_dict())
-            else:
-                sync_generation_copy(self.accelerator, self.policy, self.generation_copy)
+            sync_generation_copy(self.accelerator, self.policy, self.generation_copy)
 
     def _worst_over_processes(self, value: float) -> float:
         """The largest ``value`` of all processes (a collective; itself on one process), so that
@@ -283,22 +227,6 @@ class Trainer:
             policy.train(was_training)
         ours = logp.gather(-1, ids[0, 1:, None]).squeeze(-1).cpu()
         return float((engine - ours).abs().max())
-
-    def _check_logp_mismatch(self, row: dict[str, Any]) -> None:
-        """Stop when the sampler's logprobs disagree with the training forward's (the mean
-        over this step's policy tokens, averaged over processes so all stop together).
-
-        Skipped with top_p < 1: the sampler's logprobs are then renormalised over the
-        nucleus and the training forward's are not, a gap of log(nucleus mass) by design."""
-        mismatch = row.get("rollout/logp_mismatch")
-        dtype = (self.generation.dtype if self.uses_vllm
-                 else next(self.accelerator.unwrap_model(self.policy).parameters()).dtype)
-        tol = logp_tolerance(dtype)
-        if mismatch is not None and self.cfg.top_p >= 1.0 and mismatch > tol:
-            raise ZsearchError(f"step {row['step']}: the rollout logprobs differ from the policy's by "
-                               f"{mismatch:.2e} nats per token on average (logp_mismatch; tolerance {tol:.0e}): "
-                               "rollouts and training disagree, so the update would be off-policy by an unknown "
-                               "amount")
 
     def close(self) -> None:
         """Release the generation engine (vLLM's holds a KV cache and a process group)."""
@@ -369,7 +297,9 @@ class Trainer:
         if cfg.save_rollouts:
             self._save_rollouts(step, collected.samples)
         self.metrics.log(row)
-        self._check_logp_mismatch(row)
+        dtype = (self.generation.dtype if self.uses_vllm
+                 else next(self.accelerator.unwrap_model(self.policy).parameters()).dtype)
+        check_logp_mismatch(row, dtype, cfg.top_p)
         return row
 
     def _refresh(self, step: int, updated: bool, validation: dict[str, Any]) -> None:
