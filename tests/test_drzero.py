@@ -224,8 +224,9 @@ def test_propose_trains_the_proposer_against_a_frozen_solver(tmp_path, dz, warm)
 
 def test_drzero_one_iteration_lineage_and_resume(tmp_path, dz, warm):
     out = tmp_path / "loop"
+    # --rollout-mode async reaches every sub-step (Dr. Zero gets the async engine like the others).
     args = ["drzero", "--model", str(warm), "--index", str(dz.index), "--out", str(out), *LOOP,
-            "--eval-datasets", "demo", "--eval-limit", "2"]
+            "--eval-datasets", "demo", "--eval-limit", "2", "--rollout-mode", "async"]
     _ok(args)
     lineage = json.loads((out / "lineage.json").read_text())
     it = lineage["iterations"][0]
@@ -246,6 +247,9 @@ def test_drzero_one_iteration_lineage_and_resume(tmp_path, dz, warm):
     assert [m["step"] for m in metrics] == [1, 2]
     assert read_metadata(out / "iter-1" / "solver" / "metrics.parquet")["config"]["preset"] == "drzero-solver"
     assert len(read_artifact(out / "iter-1" / "proposer" / "metrics.parquet", METRICS)) == 2
+    for run in ("solver", "proposer"):
+        assert read_metadata(out / "iter-1" / run / "metrics.parquet")["config"]["rollout_mode"] == "async"
+    assert read_metadata(generate["data"])["config"]["rollout_mode"] == "async"
 
     # The same command again: every sub-step is recorded done, so nothing runs or changes.
     before = (out / "lineage.json").read_bytes()

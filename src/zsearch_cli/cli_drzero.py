@@ -23,14 +23,15 @@ from zsearch_cli.train.config import TrainConfig
 PROPOSE_TRAINING = ("model", "out", "steps", "seed", "batch_size", "lr", "warmup_ratio", "max_grad_norm",
                     "weight_decay", "micro_batch_size", "lora_r", "lora_alpha", "lora_targets",
                     "gradient_checkpointing", "search", "index", "topk", "max_turns", "max_turn_tokens",
-                    "max_obs_tokens", "max_context_tokens", "temperature", "backend", "device", "dtype", "save_every",
-                    "keep_checkpoints", "resume", "save_rollouts", "report_to")
+                    "max_obs_tokens", "max_context_tokens", "temperature", "rollout_mode", "search_concurrency", "backend",
+                    "device", "dtype", "save_every", "keep_checkpoints", "resume", "save_rollouts", "report_to")
 """The TrainConfig options ``propose`` takes (HRPO fixes the algorithm's own)."""
 
 SOLVE = ("model", "out", "steps", "seed", "batch_size", "group_size", "lr", "beta", "micro_batch_size",
          "max_grad_norm", "warmup_ratio", "lora_r", "lora_alpha", "lora_targets", "gradient_checkpointing", "search",
          "index", "topk", "max_turns", "max_turn_tokens", "max_obs_tokens", "max_context_tokens", "temperature",
-         "backend", "device", "dtype", "save_every", "keep_checkpoints", "resume", "save_rollouts", "report_to")
+         "rollout_mode", "search_concurrency", "backend", "device", "dtype", "save_every", "keep_checkpoints", "resume",
+         "save_rollouts", "report_to")
 """The TrainConfig options ``solve`` takes (the rest is GRPO's, through the drzero-solver preset)."""
 
 PROPOSE_DEFAULTS = {"index": Path("runs/index")}

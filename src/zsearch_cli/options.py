@@ -382,7 +382,8 @@ class ProposerOptions:
 @dataclass(kw_only=True)
 @uses(ModelOptions, "model", "backend", "device")
 @uses(SearchConfig, index=Path("runs/index"))
-@uses(RolloutOptions, "topk", "max_turns", "max_turn_tokens", "max_obs_tokens", "max_context_tokens", "temperature")
+@uses(RolloutOptions, "topk", "max_turns", "max_turn_tokens", "max_obs_tokens", "max_context_tokens", "temperature",
+      "rollout_mode", "search_concurrency")
 @uses(Seeded)
 @uses(ProposerOptions)
 class GenerateOptions:

@@ -40,7 +40,8 @@ from zsearch_cli.presets import PRESETS
 
 LINEAGE = "lineage.json"
 LINEAGE_FORMAT = "zsearch.drzero.lineage/1"
-MAY_CHANGE = {"iterations", "eval_datasets", "eval_data_dir", "eval_limit", "backend", "device", "save_every"}
+MAY_CHANGE = {"iterations", "eval_datasets", "eval_data_dir", "eval_limit", "backend", "device", "save_every",
+              "rollout_mode", "search_concurrency"}
 """Options a rerun may change; any other change would break the recorded lineage and is refused."""
 
 
@@ -50,8 +51,8 @@ _PROPOSER, _SOLVER = PRESETS["drzero-proposer"], PRESETS["drzero-solver"]
 @dataclass(kw_only=True)
 @uses(ModelOptions)
 @uses(SearchConfig, index=Path("runs/index"))
-@uses(RolloutOptions, "topk", "max_turns", "max_turn_tokens", "max_obs_tokens", "temperature",
-      **{k: _PROPOSER[k] for k in ("topk", "max_turns", "max_turn_tokens", "max_obs_tokens")})
+@uses(RolloutOptions, "topk", "max_turns", "max_turn_tokens", "max_obs_tokens", "temperature", "rollout_mode",
+      "search_concurrency", **{k: _PROPOSER[k] for k in ("topk", "max_turns", "max_turn_tokens", "max_obs_tokens")})
 @uses(Seeded)
 @uses(OptimConfig, "lora_r")
 @uses(RunConfig, "out", "save_every", out=Path("runs/drzero"), save_every=_PROPOSER["save_every"])
@@ -190,7 +191,7 @@ class Loop:
         o = self.opts
         return dict(index=Path(o.index), search=o.search, topk=o.topk, max_turns=o.max_turns,
                     max_turn_tokens=o.max_turn_tokens, max_obs_tokens=o.max_obs_tokens, temperature=o.temperature,
-                    lora_r=o.lora_r, save_every=o.save_every, resume=latest_checkpoint(Path(run_dir)) is not None,
+                    rollout_mode=o.rollout_mode, search_concurrency=o.search_concurrency, lora_r=o.lora_r, save_every=o.save_every, resume=latest_checkpoint(Path(run_dir)) is not None,
                     backend=o.backend, device=o.device, dtype=o.dtype)
 
     def propose(self, rec: dict[str, Any]) -> dict[str, Any]:
@@ -219,7 +220,8 @@ class Loop:
                 hop_ratio=o.hop_ratio, seed=rec["seed"], topk=o.topk, max_turns=o.max_turns,
                 max_turn_tokens=o.max_turn_tokens, max_obs_tokens=o.max_obs_tokens,
                 max_context_tokens=o.proposer_context_tokens, temperature=o.temperature, batch_size=o.batch_size,
-                backend=o.backend, device=o.device)
+                rollout_mode=o.rollout_mode, search_concurrency=o.search_concurrency, backend=o.backend,
+                device=o.device)
             generate_questions(gen, Path(rec["data"]), {**self.config, "drzero_substep": rec["label"]})
         rows = read_artifact(rec["data"], PROPOSED_QA).to_pylist()
         hops = {str(h): sum(r["hops"] == h for r in rows) for h in (1, 2, 3, 4)}
@@ -246,7 +248,8 @@ class Loop:
             datasets=o.eval_datasets, data_dir=Path(o.eval_data_dir), out=Path(rec["out"]), model=rec["model"],
             search=o.search, index=Path(o.index), protocol="tool_call", topk=o.topk, max_turns=o.max_turns,
             max_turn_tokens=o.max_turn_tokens, max_obs_tokens=o.max_obs_tokens,
-            max_context_tokens=o.solver_context_tokens, limit=o.eval_limit, backend=o.backend, device=o.device,
+            max_context_tokens=o.solver_context_tokens, limit=o.eval_limit, rollout_mode=o.rollout_mode,
+            search_concurrency=o.search_concurrency, backend=o.backend, device=o.device,
         ), {**self.config, "drzero_substep": rec["label"]})
         return {"results": [{k: s[k] for k in ("dataset", "n", "em", "f1", "subem")} for s in summaries]}
 
