@@ -323,6 +323,15 @@ def test_a_batch_the_processes_cannot_share_equally_is_refused_before_any_model_
     assert "zsearch_cli" not in text.split("error: --batch-size", 1)[0] and "no-such-model" not in text
 
 
+def test_overlap_on_several_processes_is_refused_before_any_model_loads(tmp_path):
+    done = _launch(["-m", "zsearch_cli.cli", "train", "--model", str(tmp_path / "no-such-model"), "--batch-size",
+                    "2", "-G", "2", "--out", str(tmp_path / "run"), "--steps", "1", "--rollout-overlap", "1"],
+                   None, tmp_path)
+    text = done.stdout + done.stderr
+    assert done.returncode != 0 and text.count("error: --rollout-overlap runs on one process") == 2, text[-2000:]
+    assert "no-such-model" not in text
+
+
 @pytest.mark.slow
 def test_ddp_two_cpu_processes_train_save_and_resume(tmp_path, tiny_model_dir, demo_index):
     out = tmp_path / "ddp"

@@ -95,6 +95,7 @@ def test_masked_tokens_get_exactly_zero_gradient(algo, tiny_model_dir):
     ({"algo_args": {"gamma": 0.9}}, "--algo-arg gamma: grpo has no such option"),
     ({"algo": "dspo", "max_gen_batches": 0}, "--max-gen-batches must be >= 1"),
     ({"report_to": "mlflow"}, "unknown --report-to 'mlflow'"),
+    ({"algo": "dspo", "rollout_overlap": 1}, "--rollout-overlap with --algo dspo: DSPO's dynamic filter"),
 ])
 def test_bad_configs_are_one_line_errors(overrides, message):
     with pytest.raises(ZsearchError) as err:
