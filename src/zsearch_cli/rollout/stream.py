@@ -141,9 +141,16 @@ class RolloutStream:
                 self._error = err
                 self._cond.notify_all()
 
-    def _admit(self, ready: deque, finisher: _StepFinisher) -> None:
-        """Start every queued step the current version allows (in put order)."""
+    def _admit(self, ready: deque, running: dict, finisher: _StepFinisher) -> None:
+        """Start the queued steps the current version allows (in put order), while the
+        generator holds less than one step's samples (ready or running). Why the second
+        condition: a step admitted at once beside another runs in lockstep with it (both
+        generate, then both search, with the generator idle); admitted when the first one's
+        samples leave for their searches or trail off, it fills those gaps. More samples in
+        flight would only make more tokens stale."""
         while self._inbox and self._inbox[0].min_version <= self.version:
+            if len(ready) + len(running) >= len(self._inbox[0].rows) * self.group_size:
+                return
             work = self._inbox.popleft()
             work.samples = self.engine._samples(work.rows, self.group_size, work.step)
             work.left = len(work.samples)
@@ -182,7 +189,7 @@ class RolloutStream:
                         self.version = engine.policy_version = version
                         self._update = None
                         self._cond.notify_all()
-                    self._admit(ready, finisher)
+                    self._admit(ready, running, finisher)
                     holding = self._update is not None  # no new turn until the update is in
                     if not (ready or running or searches.waiting):
                         self._cond.wait(0.05)
