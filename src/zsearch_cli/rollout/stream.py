@@ -8,7 +8,7 @@ the batches of the coming steps, so step t+1's samples fill the generator while 
 stragglers finish and while step t trains:
 
 * ``put(rows, step, min_version=v)`` queues a step's rows; its samples start once the policy
-  version is at least ``v``. The trainer passes ``v = t − 1 − K`` for step t (trained with
+  version is at least ``v`` and the generator holds less than one step's samples. The trainer passes ``v = t − 1 − K`` for step t (trained with
   version t − 1): no token it trains on is more than K versions old, the staleness bound;
 * ``get()`` returns the next step's trajectories, in ``put`` order, once all its samples ended;
 * ``update(version, push)``: the trainer's new weights. ``push`` runs on the rollout thread
