@@ -8,7 +8,7 @@ the batches of the coming steps, so step t+1's samples fill the generator while 
 stragglers finish and while step t trains:
 
 * ``put(rows, step, min_version=v)`` queues a step's rows; its samples start once the policy
-  version is at least ``v`` and the generator holds less than one step's samples. The trainer passes ``v = t − 1 − K`` for step t (trained with
+  version is at least ``v``. The trainer passes ``v = t − 1 − K`` for step t (trained with
   version t − 1): no token it trains on is more than K versions old, the staleness bound;
 * ``get()`` returns the next step's trajectories, in ``put`` order, once all its samples ended;
 * ``update(version, push)``: the trainer's new weights. ``push`` runs on the rollout thread
@@ -141,16 +141,14 @@ class RolloutStream:
                 self._error = err
                 self._cond.notify_all()
 
-    def _admit(self, ready: deque, running: dict, finisher: _StepFinisher) -> None:
-        """Start the queued steps the current version allows (in put order), while the
-        generator holds less than one step's samples (ready or running). Why the second
-        condition: a step admitted at once beside another runs in lockstep with it (both
-        generate, then both search, with the generator idle); admitted when the first one's
-        samples leave for their searches or trail off, it fills those gaps. More samples in
-        flight would only make more tokens stale."""
+    def _admit(self, ready: deque, finisher: _StepFinisher) -> None:
+        """Start every queued step the current version allows (in put order), at once.
+        Measured (bench/rollout.py --modes --overlap 1): holding a step back until the
+        generator has less than one step's samples avoids lockstep when every turn is the
+        same length (1.45x instead of 1.42x), but with heavy-tailed search latency it loses
+        (1.86x instead of 2.28x): samples stuck behind a slow search leave gaps that only
+        the next step's samples can fill."""
         while self._inbox and self._inbox[0].min_version <= self.version:
-            if len(ready) + len(running) >= len(self._inbox[0].rows) * self.group_size:
-                return
             work = self._inbox.popleft()
             work.samples = self.engine._samples(work.rows, self.group_size, work.step)
             work.left = len(work.samples)
@@ -189,7 +187,7 @@ class RolloutStream:
                         self.version = engine.policy_version = version
                         self._update = None
                         self._cond.notify_all()
-                    self._admit(ready, running, finisher)
+                    self._admit(ready, finisher)
                     holding = self._update is not None  # no new turn until the update is in
                     if not (ready or running or searches.waiting):
                         self._cond.wait(0.05)
