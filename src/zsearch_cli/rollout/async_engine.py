@@ -165,6 +165,20 @@ class _Searches:
             self.pool.close()
 
 
+def stream_step(engine: "RolloutEngine", batch: list["_Sample"], running: dict[str, "_Sample"],
+                searches: _Searches, done: "_Finisher") -> None:
+    """One turn of the streaming loop: submit ``batch`` (samples whose next turn starts now)
+    to join ``running``, step the engine once, and record the turns that ended in that step."""
+    backend = engine.backend
+    if batch:
+        ids = backend.submit(engine.contexts(batch), engine.turn_params(batch), stop=engine.protocol.stop_strings)
+        running.update(zip(ids, batch))
+    finished = backend.step() if running else []
+    if finished:
+        ended = [running.pop(rid) for rid, _ in finished]
+        searches.send(ended, engine.record_turns(ended, [out for _, out in finished], done))
+
+
 def _rollout_streaming(engine: "RolloutEngine", samples: Sequence["_Sample"], step: int, done: "_Finisher") -> None:
     """On a continuous-batching backend (vLLM): every ready sample is submitted at once and
     the engine is stepped; a sample leaves the running batch the step its turn ends (to its
@@ -176,16 +190,9 @@ def _rollout_streaming(engine: "RolloutEngine", samples: Sequence["_Sample"], st
     try:
         while ready or searches.waiting or running:
             searches.collect(block=not ready and not running)
-            if ready:
-                batch = list(ready)
-                ready.clear()
-                ids = backend.submit(engine.contexts(batch), engine.turn_params(batch),
-                                     stop=engine.protocol.stop_strings)
-                running.update(zip(ids, batch))
-            finished = backend.step() if running else []
-            if finished:
-                batch = [running.pop(rid) for rid, _ in finished]
-                searches.send(batch, engine.record_turns(batch, [out for _, out in finished], done))
+            batch = list(ready)
+            ready.clear()
+            stream_step(engine, batch, running, searches, done)
     finally:
         if running:  # a failure left requests in the engine: they must not surface later
             backend.abort(list(running))

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.models.base import streams
-from zsearch_cli.rollout.async_engine import _check_separate_models, _Searches
+from zsearch_cli.rollout.async_engine import _check_separate_models, _Searches, stream_step
 from zsearch_cli.rollout.trajectory import Trajectory
 
 if TYPE_CHECKING:
@@ -195,23 +195,16 @@ class RolloutStream:
                 can_start = bool(ready) and not holding
                 searches.collect(block=not can_start and not running, timeout=POLL_S)
                 can_start = bool(ready) and not holding
-                if streaming:
-                    if can_start:
-                        batch = list(ready)
-                        ready.clear()
-                        for s in batch:
-                            s.version = self.version
-                        ids = backend.submit(engine.contexts(batch), engine.turn_params(batch),
-                                             stop=engine.protocol.stop_strings)
-                        running.update(zip(ids, batch))
-                    finished = backend.step() if running else []
-                    if finished:
-                        batch = [running.pop(rid) for rid, _ in finished]
-                        searches.send(batch, engine.record_turns(batch, [out for _, out in finished], finisher))
-                elif can_start:
-                    batch = [ready.popleft() for _ in range(min(capacity or len(ready), len(ready)))]
+                if can_start:
+                    take = len(ready) if streaming else min(capacity or len(ready), len(ready))
+                    batch = [ready.popleft() for _ in range(take)]
                     for s in batch:
                         s.version = self.version
+                else:
+                    batch = []
+                if streaming:
+                    stream_step(engine, batch, running, searches, finisher)
+                elif batch:
                     searches.send(batch, engine.generate_turn(batch, finisher))
                 self._emit(finisher)
         finally:
