@@ -80,3 +80,17 @@ def smollm2_model_and_tokenizer(zsearch_cache: Path) -> tuple[Any, Any]:
 
     _limit_torch_threads()
     return load_model("smollm2", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def demo_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A BM25 index over the bundled demo corpus, built once by ``zsearch index`` (read-only:
+    tests that change an index build their own)."""
+    from typer.testing import CliRunner
+
+    from zsearch_cli.cli import app
+
+    out = tmp_path_factory.mktemp("demo_index") / "index"
+    result = CliRunner().invoke(app, ["index", "--out", str(out), "--kind", "bm25"])
+    assert result.exit_code == 0, result.output
+    return out

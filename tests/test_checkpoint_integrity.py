@@ -197,14 +197,6 @@ def test_pruning_never_removes_the_last_complete_checkpoint(tmp_path):
     assert "skipping step-4" in notes[0] and ckpt.STATE_FILE in notes[0]
 
 
-@pytest.fixture(scope="module")
-def demo_index(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("integrity") / "index"
-    result = runner.invoke(app, ["index", "--out", str(out), "--kind", "bm25"])
-    assert result.exit_code == 0, result.output
-    return out
-
-
 def test_train_resume_skips_a_truncated_checkpoint(tmp_path, tiny_model_dir, demo_index):
     # The RL trainer's --resume: step-2's weights are cut short (a full disk, a killed copy).
     out = tmp_path / "train"

@@ -60,14 +60,6 @@ def test_overlap_takes_pi_old_from_the_sampler_and_checks_only_fresh_tokens(tiny
     assert step_batch(samples, 0).versions[0].tolist() == [3, 2, -1, 2, 3, 3]
 
 
-@pytest.fixture(scope="module")
-def demo_index(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("overlap") / "index"
-    result = runner.invoke(app, ["index", "--out", str(out), "--kind", "bm25"])
-    assert result.exit_code == 0, result.output
-    return out
-
-
 def _train(out: Path, model: Path, index: Path, steps: int, *extra: str) -> None:
     args = ["train", "--algo", "grpo", "--model", str(model), "--index", str(index), "--steps", str(steps),
             "--batch-size", "2", "-G", "2", "--max-turn-tokens", "12", "--max-turns", "2", "--device", "cpu",

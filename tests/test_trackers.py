@@ -14,14 +14,6 @@ from zsearch_cli.cli import app
 runner = CliRunner()
 
 
-@pytest.fixture(scope="module")
-def demo_index(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("trackers") / "index"
-    result = runner.invoke(app, ["index", "--out", str(out), "--kind", "bm25"])
-    assert result.exit_code == 0, result.output
-    return out
-
-
 def _train(out: Path, model: Path, index: Path, report_to: str):
     return runner.invoke(app, ["train", "--algo", "grpo", "-G", "2", "--batch-size", "2", "--model", str(model),
                                "--index", str(index), "--out", str(out), "--steps", "2", "--save-every", "0",

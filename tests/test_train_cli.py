@@ -3,7 +3,6 @@ on its final checkpoint (full and LoRA) and `zsearch plot`; presets and one-line
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
@@ -12,14 +11,6 @@ from zsearch_cli.cli import app
 from zsearch_cli.schemas import EVAL_SUMMARY, METRICS, ROLLOUT, read_artifact, read_metadata
 
 runner = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def demo_index(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("train_cli") / "index"
-    result = runner.invoke(app, ["index", "--out", str(out), "--kind", "bm25"])
-    assert result.exit_code == 0, result.output
-    return out
 
 
 def _ok(args: list[str]):

@@ -20,14 +20,6 @@ runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
-def demo_index(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("zs_train") / "index"
-    result = runner.invoke(app, ["index", "--out", str(out), "--kind", "bm25"])
-    assert result.exit_code == 0, result.output
-    return out
-
-
-@pytest.fixture(scope="module")
 def val_qa(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("zs_val") / "val.jsonl"
     rows = [("v1", "Which river flows through Vienna?", ["Danube"]), ("v2", "Who wrote Hamlet?", ["Shakespeare"]),
