@@ -104,7 +104,7 @@ def eval_(ctx: typer.Context, given: dict) -> None:
 
     opts, options = EvalOptions(**given), resolved_options(ctx)
     if opts.predictions is not None:
-        score_predictions(opts.predictions, opts.qa, opts.out, options)
+        score_predictions(opts.predictions, opts.qa, opts.out, options, opts.group_by, opts.pooled)
     else:
         evaluate(opts, options)
 

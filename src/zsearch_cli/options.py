@@ -292,6 +292,11 @@ class EvalOptions:
     """Score this predictions file (id, prediction[, golden_answers]) instead of a model [none]."""
     qa: Optional[Path] = None
     """With --predictions: QA file to join golden answers from by id [none: the predictions file's]."""
+    group_by: str = "data_source"
+    """Score each value of this column (or metadata key) as its own dataset, KEY/VALUE, when a file
+    holds several (Search-R1's merged test file); none = never split."""
+    pooled: bool = False
+    """Also score each split file as one pooled dataset, KEY/pooled."""
 
 
 @dataclass(kw_only=True)

@@ -11,7 +11,11 @@ and a re-run skips the examples already scored, so an interrupted eval resumes.
 
 Datasets are keyed by :func:`zsearch_cli.data.qa.dataset_key` (``nq/test`` for a FlashRAG
 file under ``--data-dir``, else the file's path), written under OUT/KEY/ (:func:`dataset_dir`
-keeps every write inside ``--out``); two inputs with one key are an error. Rows already in
+keeps every write inside ``--out``); two inputs with one key are an error. A file whose
+``--group-by`` column (default ``data_source``) holds several values, as Search-R1's merged
+test file with its seven benchmarks, is scored as one dataset per value, KEY/VALUE: a single
+EM over seven benchmarks is not any number a paper reports. ``--pooled`` adds the whole
+file as KEY/pooled, labelled as such. Rows already in
 OUT are reused only when every option that changes a result and the protocol
 (:mod:`zsearch_cli.protocol`: model weights, corpus, retriever, prompt, metric, QA file) equal
 the saved ones; otherwise the run is refused in one line naming what differs.
@@ -19,19 +23,29 @@ the saved ones; otherwise the run is refused in one line naming what differs.
 
 from __future__ import annotations
 
-import sys
 import dataclasses
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+import pyarrow as pa
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from zsearch_cli.data.demo import demo_qa
-from zsearch_cli.data.qa import BENCHMARK_SPLITS, dataset_key, find_dataset_file, load_qa, resolve_datasets
+from zsearch_cli.data.qa import (
+    BENCHMARK_SPLITS,
+    NO_GROUPING,
+    dataset_key,
+    find_dataset_file,
+    group_labels,
+    load_qa,
+    resolve_datasets,
+    split_groups,
+)
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.options import EvalOptions
 from zsearch_cli.prompts.baselines import COT_PROMPT, DIRECT_PROMPT, RAG_PROMPT
@@ -57,7 +71,7 @@ console = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
 METHODS = ("direct", "cot", "rag", "agent")
 
 EVAL_RESUME_MAY_CHANGE = {"datasets", "data_dir", "download", "out", "limit", "batch_size", "device", "backend",
-                          "predictions", "qa", "rollout_mode", "search_concurrency"}
+                          "predictions", "qa", "rollout_mode", "search_concurrency", "group_by", "pooled"}
 """Options that may differ between an eval and the run whose rows it reuses: which rows are
 asked for, where files are, and how the same computation is batched or placed. Everything
 else (and the protocol: weights, corpus, prompt, metric, QA file) must be equal."""
@@ -69,6 +83,43 @@ class DatasetInput:
     """Unique and readable: ``nq/test``, ``demo``, or the file's path (see data/qa.py dataset_key)."""
     split: str | None
     path: Path
+
+
+POOLED = "pooled"
+"""The key suffix of a split file scored whole (``--pooled``)."""
+
+
+def split_by_group(qa_tables: Sequence[tuple[DatasetInput, Any]], group_by: str,
+                   pooled: bool) -> tuple[list[tuple[DatasetInput, Any]], list[str]]:
+    """Each file whose ``group_by`` column holds several values becomes one input per value
+    (key KEY/VALUE, rows in file order), plus KEY/pooled with ``pooled``; returns the inputs
+    and the lines to print about them. With ``group_by`` none, a file that holds several
+    ``data_source`` values stays whole, and a line says so."""
+    out: list[tuple[DatasetInput, Any]] = []
+    notes: list[str] = []
+    for d, qa in qa_tables:
+        column = group_by if group_by != NO_GROUPING else "data_source"
+        groups = split_groups(qa, group_labels(d.path, qa, column))
+        if not groups:
+            out.append((d, qa))
+        elif group_by == NO_GROUPING:
+            out.append((d, qa))
+            notes.append(f"{d.key}: holds {len(groups)} data_source values ({', '.join(g for g, _ in groups)}), "
+                         "scored as ONE pooled number (--group-by none)")
+        else:
+            out += [(DatasetInput(f"{d.key}/{label}", d.split, d.path), sub) for label, sub in groups]
+            if pooled:
+                out.append((DatasetInput(f"{d.key}/{POOLED}", d.split, d.path), qa))
+            notes.append(f"{d.key}: {len(groups)} datasets by {group_by} "
+                         f"({', '.join(f'{g} {t.num_rows}' for g, t in groups)}), each scored on its own"
+                         + (f"; {d.key}/{POOLED} pools them" if pooled else ""))
+    seen: set[str] = set()
+    for d, _ in out:
+        if d.key in seen:
+            raise ZsearchError(f"--datasets: two inputs map to dataset key {d.key!r} (a {group_by} value equals "
+                               "another input's key); pass that file alone, or use another --group-by")
+        seen.add(d.key)
+    return out, notes
 
 
 def dataset_files(spec: str, data_dir: Path, download: bool = False) -> list[DatasetInput]:
@@ -173,7 +224,10 @@ def evaluate(opts: EvalOptions, config: dict[str, Any]) -> list[dict[str, Any]]:
     if opts.method not in METHODS:
         raise ZsearchError(f"unknown --method {opts.method!r}: use one of {', '.join(METHODS)}")
     files = dataset_files(opts.datasets, opts.data_dir, opts.download)
-    qa_tables = [(d, load_qa(d.path)) for d in files]  # validate everything before loading a model
+    # validate everything before loading a model
+    qa_tables, notes = split_by_group([(d, load_qa(d.path)) for d in files], opts.group_by, opts.pooled)
+    for line in notes:
+        console.print(line, markup=False, highlight=False)
     protocols = {d.key: eval_protocol(opts, d, qa.num_rows) for d, qa in qa_tables}
     for d, _ in qa_tables:
         existing = dataset_dir(opts.out, d.key) / f"{opts.method}.examples.parquet"
@@ -233,10 +287,13 @@ def predictions_protocol(path: Path, key: str, qa_path: Path | None) -> Protocol
                     split=None, limit=None, full_set=True)
 
 
-def score_predictions(path: Path, qa_path: Path | None, out: Path, config: dict[str, Any]) -> dict[str, Any]:
+def score_predictions(path: Path, qa_path: Path | None, out: Path, config: dict[str, Any],
+                      group_by: str = "data_source", pooled: bool = False) -> list[dict[str, Any]]:
     """Score another system's predictions: FILE has id + prediction (+ golden_answers),
     or golds come from a QA file joined by id. With a QA file, every question it holds
-    counts: one without a prediction scores 0 and is counted as ``missing``."""
+    counts: one without a prediction scores 0 and is counted as ``missing``. Split by
+    ``group_by`` as :func:`evaluate` splits a file (the QA file's labels when given, else the
+    predictions file's own column); returns one summary per dataset."""
     if file_kind(path) == "parquet":
         preds = validate(read_parquet(path), PREDICTIONS, path)
     else:
@@ -244,10 +301,23 @@ def score_predictions(path: Path, qa_path: Path | None, out: Path, config: dict[
     key = dataset_key(path, None)[0]
     golds: dict[str, list[str]] = {}
     questions: dict[str, str] = {}
+    labels: dict[str, str | None] = {}
     if qa_path is not None:
         qa = load_qa(qa_path)
-        golds = dict(zip(qa.column("id").to_pylist(), qa.column("golden_answers").to_pylist()))
-        questions = dict(zip(qa.column("id").to_pylist(), qa.column("question").to_pylist()))
+        ids = qa.column("id").to_pylist()
+        golds = dict(zip(ids, qa.column("golden_answers").to_pylist()))
+        questions = dict(zip(ids, qa.column("question").to_pylist()))
+        labels = dict(zip(ids, group_labels(qa_path, qa, group_by)))
+    elif group_by != NO_GROUPING:
+        raw = read_parquet(path) if file_kind(path) == "parquet" else None
+        if raw is not None and group_by in raw.column_names:
+            labels = dict(zip(preds.column("id").to_pylist(), [None if v in (None, "") else str(v)
+                                                               for v in raw.column(group_by).to_pylist()]))
+        elif raw is None:
+            from zsearch_cli.schemas import iter_jsonl
+
+            labels = {str(o.get("id")): (None if o.get(group_by) in (None, "") else str(o.get(group_by)))
+                      for _, o in iter_jsonl(path)}
 
     def row(id_: str, prediction: str | None, gold: list[str]) -> dict[str, Any]:
         s = score_answer(prediction, gold)
@@ -263,16 +333,28 @@ def score_predictions(path: Path, qa_path: Path | None, out: Path, config: dict[
             raise ZsearchError(f"{path}: row {i}: id {r['id']!r} has no golden_answers ({where})")
         rows.append(row(r["id"], r["prediction"], gold))
     predicted = set(preds.column("id").to_pylist())
-    missing = [row(id_, None, gold) for id_, gold in golds.items() if id_ not in predicted]
-    rows += missing
-    protocol = predictions_protocol(path, key, qa_path)
-    examples = rows_to_table(rows, EVAL_EXAMPLE, path)
-    folder = dataset_dir(out, key)
-    write_artifact(examples, folder / "predictions.examples.parquet", EVAL_EXAMPLE, config, protocol.as_dict())
-    summary = {**summarize(examples, key, "predictions", "-", missing=len(missing)), **protocol.as_dict()}
-    write_artifact([summary], folder / "predictions.summary.parquet", EVAL_SUMMARY, config, protocol.as_dict())
-    print_summaries([summary], [protocol])
-    return summary
+    rows += [row(id_, None, gold) for id_, gold in golds.items() if id_ not in predicted]
+    table = rows_to_table(rows, EVAL_EXAMPLE, path)
+    groups = split_groups(table, [labels.get(r["id"]) for r in rows])
+    parts = [(f"{key}/{label}", sub) for label, sub in groups] or [(key, table)]
+    if groups and pooled:
+        parts.append((f"{key}/{POOLED}", table))
+    if groups:
+        console.print(f"{key}: {len(groups)} datasets by {group_by} ({', '.join(g for g, _ in groups)}), each scored "
+                      "on its own", markup=False, highlight=False)
+    summaries, protocols = [], []
+    for name, examples in parts:
+        missing = sum(1 for id_ in examples.column("id").to_pylist() if id_ not in predicted)
+        examples = examples.set_column(0, "dataset", pa.array([name] * examples.num_rows, pa.string()))
+        protocol = predictions_protocol(path, name, qa_path)
+        folder = dataset_dir(out, name)
+        write_artifact(examples, folder / "predictions.examples.parquet", EVAL_EXAMPLE, config, protocol.as_dict())
+        summary = {**summarize(examples, name, "predictions", "-", missing=missing), **protocol.as_dict()}
+        write_artifact([summary], folder / "predictions.summary.parquet", EVAL_SUMMARY, config, protocol.as_dict())
+        summaries.append(summary)
+        protocols.append(protocol)
+    print_summaries(summaries, protocols)
+    return summaries
 
 
 # ----------------------------------------------------------------------------- reporting

@@ -13,9 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.schemas import QA, file_kind, read_artifact, read_parquet, validate
+from zsearch_cli.schemas import QA, file_kind, iter_jsonl, read_artifact, read_parquet, validate
 
 # The evaluation splits of docs/methods.md §6: NQ/TriviaQA/PopQA/Bamboogle test, the rest dev.
 BENCHMARK_SPLITS: dict[str, str] = {
@@ -158,3 +159,54 @@ def dataset_key(path: Path, data_dir: Path | None) -> tuple[str, str | None]:
         return str(resolved.relative_to(cwd)), None
     except ValueError:
         return str(resolved), None
+
+
+# ----------------------------------------------------------------------------- groups in one file
+
+NO_GROUPING = "none"
+UNLABELLED = "unlabelled"
+"""The group of rows whose group column is empty in a file where other rows have a value."""
+
+
+def group_labels(path: Path, qa: pa.Table, column: str) -> list[str | None]:
+    """The value of ``column`` for each row of ``qa`` (as :func:`load_qa` returned it from
+    ``path``, same order), None where a row has none.
+
+    Looked up first in each row's ``metadata`` JSON (where :func:`load_qa` puts Search-R1's
+    ``data_source``), else as a top-level column or key of the raw file, which the QA artifact
+    does not keep. ``column`` ``none`` gives no labels."""
+    n = qa.num_rows
+    if column == NO_GROUPING:
+        return [None] * n
+    labels: list[str | None] = [None] * n
+    for i, meta in enumerate(qa.column("metadata").to_pylist()):
+        try:
+            obj = json.loads(meta) if meta else None
+        except ValueError:
+            obj = None
+        if isinstance(obj, dict) and obj.get(column) not in (None, ""):
+            labels[i] = str(obj[column])
+    if any(v is not None for v in labels):
+        return labels
+    if file_kind(path) == "parquet":
+        if column not in pq.read_schema(path).names:
+            return labels
+        raw = pq.read_table(path, columns=[column]).column(column).to_pylist()
+    else:
+        raw = [obj.get(column) for _, obj in iter_jsonl(Path(path))]
+    if len(raw) != n:  # defensive: load_qa keeps every row, in order
+        raise ZsearchError(f"{path}: {len(raw)} values in column {column!r} for {n} questions")
+    return [None if v in (None, "") else str(v) for v in raw]
+
+
+def split_groups(qa: pa.Table, labels: list[str | None]) -> list[tuple[str, pa.Table]]:
+    """``qa`` split by label, groups in order of first appearance, rows in file order; []
+    when the file holds fewer than two distinct labels (nothing to split). Rows without a
+    label in a file that has labels form the group ``unlabelled``."""
+    distinct = list(dict.fromkeys(v for v in labels if v is not None))
+    if len(distinct) < 2:
+        return []
+    groups: dict[str, list[int]] = {}
+    for i, v in enumerate(labels):
+        groups.setdefault(UNLABELLED if v is None else v, []).append(i)
+    return [(label, qa.take(pa.array(rows, pa.int64()))) for label, rows in groups.items()]

@@ -11,6 +11,12 @@ Cheap by construction: one greedy sample per question, the trainer's own generat
 rollout limits, and at most ``--val-limit`` questions. Each validation writes
 OUT/val/step-N.examples.parquet (EVAL_EXAMPLE) and returns ``val/em``, ``val/f1``,
 ``val/subem`` (and ``time/val``) for the step's metrics row.
+
+A validation file that holds several ``data_source`` values (Search-R1's merged test file)
+is still validated in one pass, and ``val/em`` is the pooled mean over its questions, as the
+start-up line says; each example's ``dataset`` is then NAME/SOURCE, and
+OUT/val/step-N.summary.parquet holds one EVAL_SUMMARY row per source, the numbers a paper's
+per-dataset table compares with.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from typing import Any
 
 import torch
 
-from zsearch_cli.scoring import evaluate_engine
+from zsearch_cli.scoring import evaluate_engine, summarize
 from zsearch_cli.rollout.engine import QARow
 from zsearch_cli.train.config import TrainConfig, validation_search
 from zsearch_cli.train.sampler import load_rows
@@ -34,10 +40,12 @@ class Validator:
     """Build with :meth:`from_config` (reads the QA file, before any model loads), then
     :meth:`attach` the trainer's generation backend; :meth:`run` on the steps :meth:`due` picks."""
 
-    def __init__(self, cfg: TrainConfig, rows: list[QARow]):
+    def __init__(self, cfg: TrainConfig, rows: list[QARow], sources: dict[str, str] | None = None):
         self.cfg = cfg
         self.rows = rows
         self.dataset = Path(str(cfg.val_data).split(",")[0].strip()).name.split(".")[0]
+        self.sources = sources or {}
+        """row id -> data_source, when the validation files hold several sources (else empty)."""
         self.engine: Any = None
         self.search: Any = None
         self.accelerator: Any = None
@@ -49,7 +57,8 @@ class Validator:
         if not cfg.val_data:
             return None
         rows = load_rows(cfg.val_data)
-        return cls(cfg, rows[: cfg.val_limit] if cfg.val_limit is not None else rows)
+        rows = rows[: cfg.val_limit] if cfg.val_limit is not None else rows
+        return cls(cfg, rows, _sources(cfg.val_data, {r.id for r in rows}))
 
     def attach(self, generation: Any, train_search: Any, accelerator: Any, batch_size: int) -> None:
         """Greedy engine over ``generation``; the training backend is reused when it is the
@@ -82,6 +91,9 @@ class Validator:
         self.search.progress(step - 1, self.cfg.steps)
         examples, summary = evaluate_engine(self.engine, self.rows[rank::world], self.dataset, self.cfg.model,
                                             self.batch_size)
+        for ex in examples:
+            if ex["id"] in self.sources:
+                ex["dataset"] = f"{self.dataset}/{self.sources[ex['id']]}"
         totals = [summary[k] * summary["n"] if summary else 0.0 for k in SCORES] + [float(len(examples))]
         if world > 1:
             totals = acc.reduce(torch.tensor(totals, dtype=torch.float64, device=acc.device), "sum").tolist()
@@ -90,9 +102,36 @@ class Validator:
         return {**{f"val/{k}": totals[i] / n for i, k in enumerate(SCORES)}, "time/val": time.perf_counter() - t0}
 
     def _write(self, step: int, examples: list[dict[str, Any]], rank: int, world: int) -> None:
-        from zsearch_cli.schemas import EVAL_EXAMPLE, write_artifact
+        from zsearch_cli.schemas import EVAL_EXAMPLE, EVAL_SUMMARY, rows_to_table, write_artifact
 
-        if examples:
-            suffix = f".rank{rank}" if world > 1 else ""
-            path = Path(self.cfg.out) / "val" / f"step-{step:06d}{suffix}.examples.parquet"
-            write_artifact(examples, path, EVAL_EXAMPLE, self.cfg.to_dict())
+        if not examples:
+            return
+        suffix = f".rank{rank}" if world > 1 else ""
+        path = Path(self.cfg.out) / "val" / f"step-{step:06d}{suffix}.examples.parquet"
+        write_artifact(examples, path, EVAL_EXAMPLE, self.cfg.to_dict())
+        if self.sources:  # one summary row per source: the per-dataset numbers
+            by_source: dict[str, list[dict[str, Any]]] = {}
+            for ex in examples:
+                by_source.setdefault(ex["dataset"], []).append(ex)
+            summaries = [summarize(rows_to_table(rows, EVAL_EXAMPLE, path), name, "agent", self.cfg.model)
+                         for name, rows in by_source.items()]
+            write_artifact(summaries, path.with_name(path.name.replace(".examples.", ".summary.")), EVAL_SUMMARY,
+                           self.cfg.to_dict())
+
+
+def _sources(spec: str, ids: set[str]) -> dict[str, str]:
+    """row id -> data_source over the validation files, when they hold several sources; a
+    line says that ``val/em`` pools them."""
+    from zsearch_cli.data.qa import group_labels, load_qa, split_groups
+
+    out: dict[str, str] = {}
+    for path in [Path(p.strip()) for p in spec.split(",") if p.strip()]:
+        qa = load_qa(path)
+        groups = split_groups(qa, group_labels(path, qa, "data_source"))
+        for label, sub in groups:
+            out.update({i: label for i in sub.column("id").to_pylist() if i in ids})
+        if groups:
+            print(f"validation: {path} holds {len(groups)} data_source values "
+                  f"({', '.join(g for g, _ in groups)}): val/em is their pooled mean; per-source scores go to "
+                  "OUT/val/step-N.summary.parquet", flush=True)
+    return out
