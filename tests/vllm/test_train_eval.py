@@ -151,3 +151,18 @@ def test_overlapped_rollouts_sync_the_engine_between_turns(tmp_path, vllm_tiny_d
         rows = read_artifact(tmp_path / "run" / "rollouts" / f"step-{step:06d}.parquet", ROLLOUT).to_pylist()
         versions = {v for r in rows for v, k in zip(r["policy_version"], r["loss_mask"]) if k}
         assert versions and versions <= {step - 2, step - 1} and min(versions) >= 0, (step, versions)
+
+
+def test_overlap_under_top_p_takes_the_first_update_at_ratio_one(tmp_path, vllm_tiny_dir, demo_index):
+    # Issue 24.2 on the real engine: vLLM's processed_logprobs are renormalised over the top-p
+    # nucleus and, with --rollout-overlap, they are pi_old. The trainer replays the nucleus on
+    # its own logits, so step 1 (all tokens sampled by the weights that take the update, its
+    # statistics taken before the optimizer step) has every ratio at 1. Before, ratio_mean was
+    # the mean nucleus mass (~0.9 here), and the mismatch guard was skipped at top_p < 1.
+    trainer = _trainer(tmp_path, vllm_tiny_dir, demo_index, steps=2, rollout_overlap=1, top_p=0.9)
+    trainer.train()
+    metrics = read_artifact(tmp_path / "run" / "metrics.parquet", METRICS).to_pylist()
+    assert metrics[0]["actor/ratio_mean"] == pytest.approx(1.0, abs=TOL)
+    assert metrics[0]["actor/ratio_max"] == pytest.approx(1.0, abs=10 * TOL)
+    for m in metrics:
+        assert m["rollout/logp_mismatch"] is None or m["rollout/logp_mismatch"] < TOL

@@ -31,6 +31,7 @@ import torch
 
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.models.base import GenerationOutput, SamplingParams, check_seeds, row_seed
+from zsearch_cli.models.nucleus import filter_top_p
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> set[int]:
@@ -58,14 +59,9 @@ def _first_stop(text: str, stop: Sequence[str]) -> str | None:
 
 
 def _filter_top_p(logits: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose mass reaches ``top_p`` (>= 1 token)."""
-    sorted_logits, order = logits.sort(dim=-1, descending=True)
-    probs = sorted_logits.softmax(dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs
-    drop = mass_before >= top_p
-    drop[:, 0] = False
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    """Keep the smallest set of most likely tokens whose mass reaches ``top_p`` (>= 1 token):
+    :func:`zsearch_cli.models.nucleus.filter_top_p`, the rule the trainer replays."""
+    return filter_top_p(logits, top_p)
 
 
 def pick_tokens(

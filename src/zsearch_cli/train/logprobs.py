@@ -16,6 +16,8 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from zsearch_cli.models.nucleus import nucleus_mask
+
 
 @dataclass
 class Batch:
@@ -84,22 +86,36 @@ def response_logits(model: Any, batch: Batch) -> Tensor:
     return logits[rows, (batch.resp_pos - batch.keep_from).clamp_min(0)]  # [B, T, V]; padding is masked
 
 
-def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> Tensor:
-    """log π(y_t) at ``temperature`` (the sampling distribution, as verl's actor):
-    logits [B, T, V], targets [B, T] -> [B, T] float32."""
+def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0, top_p: float = 1.0) -> Tensor:
+    """log π(y_t) under the distribution the sampler draws from (as verl's actor, plus the
+    nucleus): logits [B, T, V], targets [B, T] -> [B, T] float32.
+
+    With ``top_p < 1`` the trainer replays the sampler's top-p filter on its own logits
+    (:func:`zsearch_cli.models.nucleus.nucleus_mask`) and renormalises over the nucleus, as the
+    sampler's logprobs are (vLLM's ``processed_logprobs``, the HF backend's): without it, a
+    ratio between the sampler's logprob and the trainer's would carry a factor of 1/(nucleus
+    mass) per token, a bias and not a policy change (docs/methods.md §4.1). The sampled token
+    is always kept in the support: it was sampled, so it lay inside the sampler's nucleus, and
+    a kernel-level rounding gap at the boundary must not give it probability 0 (−inf)."""
     z = logits.float()
     if temperature != 1.0:
         z = z / temperature
+    if top_p < 1.0:
+        keep = nucleus_mask(z, top_p)  # [B, T, V], no grad: the support is not differentiated
+        keep.scatter_(-1, targets[..., None], True)
+        z = z.masked_fill(~keep, float("-inf"))
     return z.log_softmax(-1).gather(-1, targets[..., None]).squeeze(-1)
 
 
-def policy_forward(model: Any, batch: Batch, temperature: float, entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+def policy_forward(model: Any, batch: Batch, temperature: float, entropy: bool = False,
+                   top_p: float = 1.0) -> tuple[Tensor, Tensor | None]:
     """(logp [B, T], entropy [B, T] or None). Gradient flows through logp when enabled;
-    the entropy is a logged statistic, computed without grad."""
+    the entropy is a logged statistic of the tempered distribution over the whole vocabulary,
+    computed without grad. ``top_p``: see :func:`token_logprobs`."""
     from zsearch_cli.algos import entropy_from_logits
 
     logits = response_logits(model, batch)
-    logp = token_logprobs(logits, batch.targets, temperature)
+    logp = token_logprobs(logits, batch.targets, temperature, top_p)
     ent = None
     if entropy:
         with torch.no_grad():

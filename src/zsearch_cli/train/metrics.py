@@ -211,18 +211,16 @@ def plot_metrics(run_dir: Path, out: Path | None = None, title: str | None = Non
     return path
 
 
-def check_logp_mismatch(row: dict[str, Any], dtype: Any, top_p: float) -> None:
+def check_logp_mismatch(row: dict[str, Any], dtype: Any) -> None:
     """Stop when the sampler's logprobs disagree with the training forward's (the mean over
     the step's policy tokens, averaged over processes so all stop together); ``dtype`` is the
-    sampler's compute dtype.
-
-    Skipped with top_p < 1: the sampler's logprobs are then renormalised over the nucleus
-    and the training forward's are not, a gap of log(nucleus mass) by design."""
+    sampler's compute dtype. Also with top_p < 1: the training forward replays the nucleus
+    (train/logprobs.py), so both sides are renormalised over the same support."""
     from zsearch_cli.models.base import logp_tolerance
 
     mismatch = row.get("rollout/logp_mismatch")
     tol = logp_tolerance(dtype)
-    if mismatch is not None and top_p >= 1.0 and mismatch > tol:
+    if mismatch is not None and mismatch > tol:
         raise ZsearchError(f"step {row['step']}: the rollout logprobs differ from the policy's by "
                            f"{mismatch:.2e} nats per token on average (logp_mismatch; tolerance {tol:.0e}): "
                            "rollouts and training disagree, so the update would be off-policy by an unknown "

@@ -299,7 +299,7 @@ class Trainer:
         self.metrics.log(row)
         dtype = (self.generation.dtype if self.uses_vllm
                  else next(self.accelerator.unwrap_model(self.policy).parameters()).dtype)
-        check_logp_mismatch(row, dtype, cfg.top_p)
+        check_logp_mismatch(row, dtype)
         return row
 
     def _refresh(self, step: int, updated: bool, validation: dict[str, Any]) -> None:

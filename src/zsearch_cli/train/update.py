@@ -153,7 +153,7 @@ def rollout_tensors(m: StepModels, batch: StepBatch, cfg: TrainConfig, version: 
         fb = batch.forward_batch(micro, m.device)
         rows, t = torch.as_tensor(micro, dtype=torch.long, device=m.device), fb.mask.shape[1]
         inside = batch.within(micro, m.device)  # [b, t]
-        logp, _ = policy_forward(m.policy, fb, cfg.temperature)  # [b, t]
+        logp, _ = policy_forward(m.policy, fb, cfg.temperature, top_p=cfg.top_p)  # [b, t]
         batch.old_logp[rows, :t] = torch.where(inside, logp.float(), 0.0)
         diff = (logp - batch.rows(batch.sampler_logp, micro).to(logp.device)).abs()
         same = fb.mask
@@ -163,7 +163,7 @@ def rollout_tensors(m: StepModels, batch: StepBatch, cfg: TrainConfig, version: 
         diff_n += int(same.sum())
         if batch.ref_logp is not None:
             with reference_mode(m.accelerator.unwrap_model(m.reference)) as ref:
-                ref_logp, _ = policy_forward(ref, fb, cfg.temperature)
+                ref_logp, _ = policy_forward(ref, fb, cfg.temperature, top_p=cfg.top_p)
             batch.ref_logp[rows, :t] = torch.where(inside, ref_logp.float(), 0.0)
         if batch.values is not None:
             batch.values[rows, :t] = torch.where(inside, critic_forward(m.critic, fb).float(), 0.0)
@@ -297,7 +297,7 @@ def _micro_step(m: StepModels, spec: AlgoSpec, acfg: AlgoConfig, cfg: TrainConfi
         adv = batch.advantages[torch.as_tensor(micro, dtype=torch.long, device=batch.advantages.device)]  # [b]
     sync = contextlib.nullcontext() if last else m.accelerator.no_sync(m.policy)
     with sync:
-        logp, entropy = policy_forward(m.policy, fb, cfg.temperature, entropy=True)
+        logp, entropy = policy_forward(m.policy, fb, cfg.temperature, entropy=True, top_p=cfg.top_p)
         loss, pstats = spec.policy_loss(logp, old.to(logp.device), adv.to(logp.device), fb.mask, acfg,
                                         ref_logp=None if ref is None else ref.to(logp.device), entropy=entropy)
         m.accelerator.backward(loss * weight)
