@@ -20,10 +20,14 @@ loop drives every entry the same way::
     else:
         adv = spec.advantages(rewards, group_ids, cfg)     # [N]
 
+    # optional rollout correction (docs/methods.md §4.8), rollout_logp [N, T] from the sampler:
+    corr = rollout_correction(old_logp, rollout_logp, mask, CorrectionConfig(...))  # weights, keep, stats
+
     for minibatch in ...:                                  # spec.on_policy: exactly one update
         logp = gather_logprobs(model(...))                 # [B, T], with grad
-        loss, stats = spec.policy_loss(logp, old_logp, adv, mask, cfg,
-                                       ref_logp=ref_logp, entropy=entropy)   # entropy [B, T] optional
+        loss, stats = spec.policy_loss(logp, old_logp, adv, mask & corr.keep, cfg,
+                                       ref_logp=ref_logp, entropy=entropy,   # entropy [B, T] optional
+                                       weights=corr.weights)                 # optional, detached
         if spec.needs_critic:
             vloss, vstats = spec.value_loss(new_values, values, returns, mask, cfg)
 
@@ -36,8 +40,10 @@ and the value loss):
 - ``token_advantages(rewards [B], old_logp [B,T], ref_logp [B,T] | None, values [B,T],
   mask [B,T], cfg) -> (advantages [B,T], returns [B,T])`` (PPO only, else None);
 - ``policy_loss(logp [B,T], old_logp [B,T], advantages [B] or [B,T], mask [B,T], cfg,
-  ref_logp=None, entropy=None) -> (loss 0-dim, stats)``; ``ref_logp`` is required when
-  ``cfg.beta > 0`` and the KL is in the loss (all but PPO, whose KL is in the reward);
+  ref_logp=None, entropy=None, *, weights=None) -> (loss 0-dim, stats)``; ``ref_logp`` is
+  required when ``cfg.beta > 0`` and the KL is in the loss (all but PPO, whose KL is in the
+  reward); ``weights`` [B,T] are detached IS weights on the policy-gradient term (not the KL),
+  and ``cfg.loss_agg`` picks the reduction (docs/methods.md §4.8);
 - ``value_loss(values [B,T], old_values [B,T], returns [B,T], mask [B,T], cfg) -> (loss, stats)``
   (PPO only, else None).
 
@@ -60,7 +66,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from zsearch_cli.algos.common import entropy_from_logits
+from zsearch_cli.algos.common import LOSS_AGG_MODES, aggregate, entropy_from_logits
+from zsearch_cli.algos.correction import Correction, CorrectionConfig, rollout_correction
 from zsearch_cli.algos.dspo import (
     DSPOConfig,
     DSPOTokenConfig,
@@ -89,7 +96,7 @@ class AlgoSpec:
     one has ``beta``. The learning rate and G are the trainer's and the rollout's
     (``TrainConfig.lr``, :attr:`group_size`), not the loss's."""
     policy_loss: Callable[..., tuple[Any, dict[str, Any]]]
-    """(logp, old_logp, advantages, mask, cfg, ref_logp=None, entropy=None) -> (loss, stats)."""
+    """(logp, old_logp, advantages, mask, cfg, ref_logp=None, entropy=None, *, weights=None) -> (loss, stats)."""
     advantages: Callable[..., Any] | None
     """(rewards [N], group_ids, cfg) -> [N]; None when ``needs_critic``."""
     token_advantages: Callable[..., Any] | None = None
@@ -178,15 +185,20 @@ __all__ = [
     "ALGOS",
     "AlgoConfig",
     "AlgoSpec",
+    "Correction",
+    "CorrectionConfig",
     "DSPOConfig",
     "DSPOTokenConfig",
     "GRPOConfig",
     "GSPOConfig",
     "HRPOConfig",
+    "LOSS_AGG_MODES",
     "PPOConfig",
     "ReinforceConfig",
+    "aggregate",
     "entropy_from_logits",
     "filter_mixed_groups",
     "first_groups",
     "need_more",
+    "rollout_correction",
 ]

@@ -53,6 +53,61 @@ def seq_mean_token_mean(x: Tensor, mask: Tensor) -> Tensor:
     return masked_mean(x, mask, dim=-1).mean()
 
 
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+"""Loss aggregations (verl's ``loss_agg_mode`` names; docs/methods.md §4.8)."""
+
+
+def aggregate(per_token: Tensor, mask: Tensor, mode: str, norm: float | None = None) -> Tensor:
+    """Reduce a per-token loss to a scalar (docs/methods.md §4.8). per_token, mask: [B, T] -> 0-dim.
+
+    - ``"token-mean"``: (1/Σ_{i,t} I_{i,t}) Σ_{i,t} I_{i,t} x_{i,t}, one mean over every policy
+      token of the batch (PPO, DAPO); 0 when there is none.
+    - ``"seq-mean-token-mean"``: (1/N) Σ_i (1/Σ_t I_{i,t}) Σ_t I_{i,t} x_{i,t}, exactly
+      :func:`seq_mean_token_mean` (GRPO, GSPO, HRPO). N counts **every** row: a row with no
+      policy token (all masked, or all rejected by the rollout correction) adds 0 to the sum
+      but still counts in 1/N, as today (verl instead drops such rows from N).
+    - ``"seq-mean-token-sum-norm"``: (1/N) Σ_i (1/L) Σ_t I_{i,t} x_{i,t} (Dr. GRPO, Listing 1's
+      MAX_TOKENS): no per-sequence length normalisation; L = ``norm``, or T (``x.shape[-1]``)
+      when None. N counts every row, as above.
+    """
+    if mode == "seq-mean-token-mean":
+        return seq_mean_token_mean(per_token, mask)
+    if mode == "token-mean":
+        return masked_mean(per_token, mask)
+    if mode == "seq-mean-token-sum-norm":
+        length = float(per_token.shape[-1] if norm is None else norm)
+        return (masked_sum(per_token, mask, dim=-1) / length).mean()
+    raise ValueError(f"loss_agg must be one of {', '.join(LOSS_AGG_MODES)}, not {mode!r}")
+
+
+def check_loss_agg(mode: str, norm: float | None, allowed: tuple[str, ...] = LOSS_AGG_MODES, algo: str = "") -> None:
+    """Raise ValueError (one line) unless ``mode`` is in ``allowed`` and ``norm`` is None or > 0."""
+    if mode not in allowed:
+        why = f" ({algo})" if algo else ""
+        raise ValueError(f"loss_agg must be one of {', '.join(allowed)}{why}, not {mode!r}")
+    if norm is None:
+        return
+    if isinstance(norm, bool) or not isinstance(norm, (int, float)) or not 0 < norm < float("inf"):
+        raise ValueError(f"loss_agg_norm must be a positive number or None, not {norm!r}")
+    if mode != "seq-mean-token-sum-norm":
+        raise ValueError(f"loss_agg_norm is only used by loss_agg='seq-mean-token-sum-norm', not {mode!r}")
+
+
+def apply_weights(per_token: Tensor, weights: Tensor | None, mask: Tensor) -> Tensor:
+    """x_t · sg[w_t] on policy tokens (docs/methods.md §4.8); ``weights`` None returns ``x`` itself.
+
+    per_token, weights, mask: [B, T]. The weights are detached (constants of the loss) and
+    replaced by 1 off the policy tokens, so garbage there cannot reach the gradient.
+    """
+    if weights is None:
+        return per_token
+    if weights.shape != per_token.shape:
+        raise ValueError(f"weights have shape {tuple(weights.shape)}, expected {tuple(per_token.shape)}")
+    w = weights.detach().to(torch.float32)
+    w = torch.where(bool_mask(mask), w, torch.ones_like(w))  # [B, T]
+    return per_token * w
+
+
 def masked_whiten(x: Tensor, mask: Tensor, eps: float = 1e-8) -> Tensor:
     """(x − mean)/sqrt(var + eps) over the policy tokens of the whole batch, 0 elsewhere.
 
@@ -112,18 +167,23 @@ def k3_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
     return torch.exp(diff) - diff - 1.0
 
 
-def add_kl_penalty(pg_loss: Tensor, logp: Tensor, ref_logp: Tensor | None, mask: Tensor, beta: float) -> Tensor:
+def add_kl_penalty(
+    pg_loss: Tensor, logp: Tensor, ref_logp: Tensor | None, mask: Tensor, beta: float,
+    mode: str = "seq-mean-token-mean", norm: float | None = None,
+) -> Tensor:
     """pg_loss + β·(1/N) Σ_i (1/Σ_t I_{i,t}) Σ_t I_{i,t} D_t, the k3 KL term of the GRPO loss
     (Search-R1 eq. 3; docs/methods.md §4.1); with β = 0, ``pg_loss`` itself (no reference needed).
 
     The KL enters inside the same per-sequence token mean as the surrogate (GRPO, GSPO with
     β > 0, HRPO with β > 0); splitting the sum is exact. logp, ref_logp, mask: [B, T].
+    ``mode``/``norm``: the loss's aggregation (:func:`aggregate`, docs/methods.md §4.8), so the
+    KL is always reduced like the surrogate; it is never multiplied by rollout IS weights.
     """
     if beta <= 0:
         return pg_loss
     if ref_logp is None:
         raise ValueError(f"beta={beta} > 0 needs ref_logp")
-    return pg_loss + beta * seq_mean_token_mean(k3_kl(logp, ref_logp, mask), mask)
+    return pg_loss + beta * aggregate(k3_kl(logp, ref_logp, mask), mask, mode, norm)
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:

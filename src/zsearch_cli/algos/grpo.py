@@ -30,12 +30,14 @@ from torch import Tensor
 from zsearch_cli.algos.common import (
     GroupIds,
     add_kl_penalty,
+    aggregate,
+    apply_weights,
+    check_loss_agg,
     clipped_surrogate,
     detach_stats,
     expand_advantages,
     group_normalize,
     policy_stats,
-    seq_mean_token_mean,
     token_log_ratio,
 )
 
@@ -54,6 +56,14 @@ class GRPOConfig:
     """δ in A = (r − mean)/(std + δ)."""
     scale_std: bool = True
     """Divide by (std_g + δ); False gives Dr. GRPO's A = r − mean_g."""
+    loss_agg: str = "seq-mean-token-mean"
+    """How the per-token terms are reduced to the loss (docs/methods.md §4.8): each sequence's
+    token mean, then the mean over sequences (Search-R1 eq. 3)."""
+    loss_agg_norm: float | None = None
+    """L, the constant of ``loss_agg="seq-mean-token-sum-norm"`` (Dr. GRPO); None = the batch's width T."""
+
+    def __post_init__(self) -> None:
+        check_loss_agg(self.loss_agg, self.loss_agg_norm)
 
 
 def grpo_advantages(rewards: Tensor, group_ids: GroupIds, cfg: GRPOConfig) -> Tensor:
@@ -72,18 +82,26 @@ def grpo_policy_loss(
     cfg: GRPOConfig,
     ref_logp: Tensor | None = None,
     entropy: Tensor | None = None,
+    *,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """L = −(1/G) Σ_i (1/Σ_t I_{i,t}) Σ_t I_{i,t} [min(ρ_t A_i, clip(ρ_t, 1−ε_low, 1+ε_high) A_i) − β·D_t].
 
     logp, old_logp, ref_logp, entropy, mask: [B, T]; advantages: [B] (or [B, T]).
     ``ref_logp`` is required when β > 0; with β = 0 it only feeds the ``kl_ref`` stat.
     Also used, unchanged, by REINFORCE and by the DSPO token-level ablation.
+
+    ``weights`` [B, T] (docs/methods.md §4.8): detached rollout-correction IS weights w_t that
+    multiply each token's clipped term, not the KL term: ℓ_t -> w_t·ℓ_t; None = all 1. Pass
+    ``mask & keep`` as ``mask`` so rejected tokens leave the denominator. The reduction is
+    ``cfg.loss_agg`` (default: the per-sequence token mean above).
     """
     log_ratio = token_log_ratio(logp, old_logp, mask)  # [B, T]
     adv = expand_advantages(advantages, log_ratio)  # [B, T]
     pg, clipped = clipped_surrogate(log_ratio.exp(), adv, cfg.clip_eps_low, cfg.clip_eps_high)  # [B, T]
-    pg_loss = seq_mean_token_mean(pg, mask)
-    loss = add_kl_penalty(pg_loss, logp, ref_logp, mask, cfg.beta)
+    pg = apply_weights(pg, weights, mask)  # [B, T]
+    pg_loss = aggregate(pg, mask, cfg.loss_agg, cfg.loss_agg_norm)
+    loss = add_kl_penalty(pg_loss, logp, ref_logp, mask, cfg.beta, cfg.loss_agg, cfg.loss_agg_norm)
     stats = policy_stats(log_ratio, clipped, mask, logp=logp, ref_logp=ref_logp, entropy=entropy)
     stats.update(loss=loss, pg_loss=pg_loss)
     return loss, detach_stats(stats)

@@ -25,15 +25,21 @@ from torch import Tensor
 
 from zsearch_cli.algos.common import (
     add_kl_penalty,
+    aggregate,
+    apply_weights,
     bool_mask,
+    check_loss_agg,
     clipped_surrogate,
     detach_stats,
     expand_advantages,
     masked_mean,
     policy_stats,
-    seq_mean_token_mean,
     token_log_ratio,
 )
+
+GSPO_LOSS_AGG = ("seq-mean-token-mean", "token-mean")
+"""Aggregations a sequence-level loss accepts (docs/methods.md §4.8): ``seq-mean-token-sum-norm``
+would weight each sequence's term by |y_i|/L on top of a ratio that is already length-normalised."""
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,15 @@ class GSPOConfig:
     """δ in the GRPO advantage A = (r − mean)/(std + δ) (DSPO eq. 10)."""
     scale_std: bool = True
     """Divide the advantage by (std_g + δ) (DSPO eq. 10); False gives r − mean_g."""
+    loss_agg: str = "seq-mean-token-mean"
+    """How the per-token terms are reduced to the loss (docs/methods.md §4.8): each sequence's token
+    mean (= its sequence term), then the mean over sequences (DSPO eq. 11). ``token-mean`` is
+    allowed (length-weighted sequences); ``seq-mean-token-sum-norm`` is refused."""
+    loss_agg_norm: float | None = None
+    """L, the constant of ``loss_agg="seq-mean-token-sum-norm"`` (Dr. GRPO); None = the batch's width T."""
+
+    def __post_init__(self) -> None:
+        check_loss_agg(self.loss_agg, self.loss_agg_norm, GSPO_LOSS_AGG, "a sequence-level loss")
 
 
 def sequence_log_ratio(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
@@ -69,6 +84,8 @@ def gspo_policy_loss(
     cfg: GSPOConfig,
     ref_logp: Tensor | None = None,
     entropy: Tensor | None = None,
+    *,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """L = −(1/G) Σ_i min(s_i A_i, clip(s_i, 1−ε_l, 1+ε_h) A_i), via log s_{i,t} = sg[log s_i] + logp_t − sg[logp_t].
 
@@ -77,6 +94,13 @@ def gspo_policy_loss(
     rows with at least one policy token), since s_i is what is clipped; ``approx_kl``,
     ``kl_ref``, ``entropy`` are over policy tokens as everywhere; ``token_ratio_mean`` and
     ``token_ratio_max`` are the token ρ_t.
+
+    ``weights`` [B, T] (docs/methods.md §4.8): detached rollout-correction IS weights, applied
+    as in verl's GSPO: each token's term ℓ_{i,t} (value ℓ_i, gradient through logp_t) becomes
+    w_{i,t}·ℓ_{i,t} before ``cfg.loss_agg``. Under the default per-sequence token mean the
+    value is ℓ_i·mean_t(w_{i,t}), i.e. the sequence's weight is the mean of its token weights
+    (exactly w_i with sequence-level IS weights), and each token's gradient carries its own
+    w_{i,t}. Not the KL term. Pass ``mask & keep``: s_i is then over the kept tokens.
     """
     m = bool_mask(mask)
     log_s = sequence_log_ratio(logp, old_logp, m)  # [B]
@@ -85,8 +109,9 @@ def gspo_policy_loss(
     log_s_tok = torch.where(m, log_s_tok, torch.zeros_like(log_s_tok))
     adv = expand_advantages(advantages, log_s_tok)  # [B, T]
     pg, clipped = clipped_surrogate(log_s_tok.exp(), adv, cfg.clip_eps_low, cfg.clip_eps_high)  # [B, T]
-    pg_loss = seq_mean_token_mean(pg, m)
-    loss = add_kl_penalty(pg_loss, logp, ref_logp, m, cfg.beta)
+    pg = apply_weights(pg, weights, m)  # [B, T]
+    pg_loss = aggregate(pg, m, cfg.loss_agg, cfg.loss_agg_norm)
+    loss = add_kl_penalty(pg_loss, logp, ref_logp, m, cfg.beta, cfg.loss_agg, cfg.loss_agg_norm)
 
     with torch.no_grad():
         log_ratio = token_log_ratio(logp, old_logp, m)  # [B, T]

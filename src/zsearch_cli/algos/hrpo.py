@@ -26,13 +26,15 @@ from torch import Tensor
 from zsearch_cli.algos.common import (
     GroupIds,
     add_kl_penalty,
+    aggregate,
+    apply_weights,
     bool_mask,
+    check_loss_agg,
     detach_stats,
     expand_advantages,
     group_normalize,
     masked_mean,
     policy_stats,
-    seq_mean_token_mean,
     token_log_ratio,
 )
 
@@ -45,6 +47,15 @@ class HRPOConfig:
     """β of an optional k3 KL term to the reference (Dr. Zero: 0)."""
     delta: float = 1e-6
     """δ in A = (r − mean_h)/(sqrt(var_h) + δ)."""
+    loss_agg: str = "seq-mean-token-mean"
+    """How the per-token terms are reduced to the loss (docs/methods.md §4.8): each question's
+    token mean of log π_θ, then the mean. ``seq-mean-token-sum-norm`` with ``loss_agg_norm=1``
+    gives Dr. Zero eq. 2's summed sequence log-prob."""
+    loss_agg_norm: float | None = None
+    """L, the constant of ``loss_agg="seq-mean-token-sum-norm"`` (Dr. GRPO); None = the batch's width T."""
+
+    def __post_init__(self) -> None:
+        check_loss_agg(self.loss_agg, self.loss_agg_norm)
 
 
 def hrpo_advantages(rewards: Tensor, group_ids: GroupIds, cfg: HRPOConfig) -> Tensor:
@@ -64,17 +75,23 @@ def hrpo_policy_loss(
     cfg: HRPOConfig,
     ref_logp: Tensor | None = None,
     entropy: Tensor | None = None,
+    *,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """L = −(1/N) Σ_i A_i · (1/Σ_t I_{i,t}) Σ_t I_{i,t} log π_θ(y_t)  (+ β·k3 when β > 0).
 
     logp, mask: [B, T]; advantages: [B]. ``old_logp`` is not used by the loss (strictly
     on-policy); when given, the ratio stats report how far from on-policy the batch is
     (clipfrac is always 0).
+
+    ``weights`` [B, T] (docs/methods.md §4.8): detached rollout-correction IS weights that
+    multiply −A_i·log π_θ(y_t) (not the KL term); None = all 1. Reduction: ``cfg.loss_agg``.
     """
     m = bool_mask(mask)
     adv = expand_advantages(advantages, logp)  # [B, T]
-    pg_loss = seq_mean_token_mean(-adv * logp.float(), m)
-    loss = add_kl_penalty(pg_loss, logp, ref_logp, m, cfg.beta)
+    pg = apply_weights(-adv * logp.float(), weights, m)  # [B, T]
+    pg_loss = aggregate(pg, m, cfg.loss_agg, cfg.loss_agg_norm)
+    loss = add_kl_penalty(pg_loss, logp, ref_logp, m, cfg.beta, cfg.loss_agg, cfg.loss_agg_norm)
     with torch.no_grad():
         old = logp.detach() if old_logp is None else old_logp
         log_ratio = token_log_ratio(logp, old, m)  # [B, T]

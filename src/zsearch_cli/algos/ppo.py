@@ -31,7 +31,10 @@ import torch
 from torch import Tensor
 
 from zsearch_cli.algos.common import (
+    aggregate,
+    apply_weights,
     bool_mask,
+    check_loss_agg,
     clipped_surrogate,
     detach_stats,
     expand_advantages,
@@ -64,6 +67,14 @@ class PPOConfig:
     whiten_advantages: bool = False
     """Whiten the GAE advantages over the batch's policy tokens. Off: Search-R1 eq. 2 uses
     the raw GAE sum (docs/methods.md §4.2). True reproduces verl, which Search-R1 ran."""
+    loss_agg: str = "token-mean"
+    """How the per-token terms are reduced to the loss (docs/methods.md §4.8): one mean over the
+    policy tokens of the whole batch (Search-R1 eq. 2). The value loss is always a token mean."""
+    loss_agg_norm: float | None = None
+    """L, the constant of ``loss_agg="seq-mean-token-sum-norm"`` (Dr. GRPO); None = the batch's width T."""
+
+    def __post_init__(self) -> None:
+        check_loss_agg(self.loss_agg, self.loss_agg_norm)
 
 
 @torch.no_grad()
@@ -136,17 +147,24 @@ def ppo_policy_loss(
     cfg: PPOConfig,
     ref_logp: Tensor | None = None,
     entropy: Tensor | None = None,
+    *,
+    weights: Tensor | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """L = −(1/Σ_t I_t) Σ_t I_t · min(ρ_t A_t, clip(ρ_t, 1−ε, 1+ε) A_t), over the whole batch.
 
     logp, old_logp, advantages, mask, ref_logp, entropy: [B, T]. The KL is in the reward
     (:func:`token_rewards`), so ``ref_logp`` only feeds the ``kl_ref`` stat here.
+
+    ``weights`` [B, T] (docs/methods.md §4.8): detached rollout-correction IS weights that
+    multiply each token's clipped term; None = all 1. The reduction is ``cfg.loss_agg``
+    (default ``token-mean``, the formula above); pass ``mask & keep`` to drop rejected tokens.
     """
     m = bool_mask(mask)
     log_ratio = token_log_ratio(logp, old_logp, m)  # [B, T]
     adv = expand_advantages(advantages, log_ratio)  # [B, T]
     pg, clipped = clipped_surrogate(log_ratio.exp(), adv, cfg.clip_eps_low, cfg.clip_eps_high)  # [B, T]
-    loss = masked_mean(pg, m)
+    pg = apply_weights(pg, weights, m)  # [B, T]
+    loss = aggregate(pg, m, cfg.loss_agg, cfg.loss_agg_norm)
     stats = policy_stats(log_ratio, clipped, m, logp=logp, ref_logp=ref_logp, entropy=entropy)
     stats.update(loss=loss, pg_loss=loss)
     return loss, detach_stats(stats)

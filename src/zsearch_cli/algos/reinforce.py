@@ -21,7 +21,7 @@ from typing import Literal
 import torch
 from torch import Tensor
 
-from zsearch_cli.algos.common import GroupIds, group_moments
+from zsearch_cli.algos.common import GroupIds, check_loss_agg, group_moments
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,14 @@ class ReinforceConfig:
     """ε on the high side of the ratio clip (ZeroSearch: 0.2)."""
     beta: float = 0.001
     """β, weight of the k3 KL to the frozen reference inside the loss (ZeroSearch: 0.001)."""
+    loss_agg: str = "seq-mean-token-mean"
+    """How the per-token terms are reduced to the loss (docs/methods.md §4.8): GRPO's clipped loss,
+    each sequence's token mean, then the mean over sequences."""
+    loss_agg_norm: float | None = None
+    """L, the constant of ``loss_agg="seq-mean-token-sum-norm"`` (Dr. GRPO); None = the batch's width T."""
+
+    def __post_init__(self) -> None:
+        check_loss_agg(self.loss_agg, self.loss_agg_norm)
 
 
 def reinforce_advantages(rewards: Tensor, group_ids: GroupIds, cfg: ReinforceConfig) -> Tensor:
