@@ -219,6 +219,16 @@ METRIC_COLUMNS: tuple[str, ...] = (
     "rollout/reward_mean", "rollout/reward_std", "rollout/em", "rollout/f1", "rollout/subem",
     "rollout/response_length", "rollout/policy_tokens", "rollout/turns", "rollout/searches", "rollout/invalid",
     "rollout/answered", "rollout/logp_mismatch", "rollout/sync_mismatch", "rollout/staleness",
+    # truncated_frac: samples whose last turn hit the token cap (or the context budget) without an
+    # answer or EOS; garbage_frac / repeat_frac: the policy's own text (train/guard.py).
+    "rollout/truncated_frac", "rollout/garbage_frac", "rollout/repeat_frac",
+    # offpolicy/: rollout correction between the sampler (pi_rollout) and the trainer's pi_old
+    # (docs/methods.md §4.8), over the policy tokens: k3 KL(rollout||old), chi2 per token and per
+    # sequence, the IS weights' mean and max and the share capped at C, the share rejected.
+    "offpolicy/k3_kl", "offpolicy/chi2_token", "offpolicy/chi2_seq", "offpolicy/weight_mean",
+    "offpolicy/weight_max", "offpolicy/capped_frac", "offpolicy/rejected_frac", "offpolicy/rejected_seq_frac",
+    # guard/: the collapse guard (train/guard.py): events this step, and rollbacks so far.
+    "guard/events", "guard/rollbacks",
     # actor/: the policy update. Every statistic a policy loss returns (algos/__init__.py lists
     # them), averaged over the step's optimizer steps; samples = sequences trained on.
     "actor/loss", "actor/pg_loss", "actor/clipfrac", "actor/approx_kl", "actor/ratio_mean", "actor/ratio_max",

@@ -61,6 +61,14 @@ class Trajectory:
     policy_tokens: int
 
     @property
+    def truncated(self) -> bool:
+        """A length budget ended the episode before the model did: its last turn hit
+        ``--max-turn-tokens`` (``length``) or the sample ran out of ``--max-context-tokens``
+        (``context``), without an answer. An unfinished text, not a wrong one (TRL's
+        ``mask_truncated_completions``, DAPO's overlong filtering)."""
+        return self.prediction is None and self.finish_reason in ("length", "context")
+
+    @property
     def policy_texts(self) -> list[str]:
         """The model's own turn texts, never the inserted observations (what rewards parse)."""
         return [str(t["text"]) for t in self.turns]

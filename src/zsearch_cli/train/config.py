@@ -108,6 +108,31 @@ class TrainConfig(Record):
     """K > 0: later steps' rollouts start while a step trains, on weights up to K updates old
     (off-policy: the loss takes the sampler's logprobs as pi_old); 0 = on-policy."""
 
+    # ---- rollout correction, loss aggregation and the collapse guard (docs/methods.md §4.8, docs/stability.md)
+    rollout_is: str = "none"
+    """Truncated importance weights pi_old/pi_rollout on the loss: none, token or sequence (product)."""
+    rollout_is_cap: float = option(2.0, range=AT_LEAST_1)
+    """C: the importance weights are capped at C."""
+    rollout_rs: str = "none"
+    """Reject (mask out of the loss and its denominator): none, token, sequence or geometric ratios
+    outside [--rollout-rs-low, --rollout-rs-high]."""
+    rollout_rs_low: float | None = option(None, range=POSITIVE)
+    """Lower rejection bound [1/high]."""
+    rollout_rs_high: float | None = option(None, range=POSITIVE)
+    """Upper rejection bound [2 for token/sequence, 1.001 for geometric]."""
+    loss_agg: str | None = None
+    """token-mean, seq-mean-token-mean or seq-mean-token-sum-norm [algo default: ppo token-mean, others
+    seq-mean-token-mean]."""
+    mask_truncated: bool = option(False, aliases=("mask_truncated_completions",))
+    """No loss on a sample whose last turn hit the token cap without an answer or EOS (it still counts
+    in its group's baseline)."""
+    guard: bool = True
+    """Watch every step for collapse (reward, length, entropy, garbage text, KL, grad norm, NaN,
+    logp mismatch, format failures); events go to OUT/guard.jsonl."""
+    on_collapse: str = "warn"
+    """What a guard event does: warn, stop, or rollback (to the newest healthy checkpoint, skipping
+    the batch, with a lower lr). Non-finite values always stop."""
+
     preset: str | None = None
     """search-r1, zerosearch, dspo or drzero-solver: the papers' settings; flags override [none]."""
 
@@ -147,7 +172,7 @@ def algo_config(cfg: TrainConfig) -> Any:
     spec = get_spec(cfg.algo)
     fields = {f.name: f for f in dataclasses.fields(spec.config_cls)}
     values: dict[str, Any] = {}
-    for key in ("beta", "max_gen_batches"):
+    for key in ("beta", "max_gen_batches", "loss_agg"):
         if getattr(cfg, key) is not None and key in fields:
             values[key] = getattr(cfg, key)
     for side in ("low", "high"):
@@ -163,10 +188,26 @@ def algo_config(cfg: TrainConfig) -> Any:
         if key not in fields:
             raise ZsearchError(f"--algo-arg {key}: {cfg.algo} has no such option (it has: {', '.join(fields)})")
         values[key] = value
-    return spec.config_cls(**values)
+    try:
+        return spec.config_cls(**values)
+    except ValueError as err:  # the loss config's own checks (e.g. a loss_agg GSPO refuses)
+        raise ZsearchError(f"--algo {cfg.algo}: {err}") from None
 
 
-RESOLVED_FIELDS = ("beta", "clip_eps_low", "clip_eps_high", "max_gen_batches")
+def correction_config(cfg: TrainConfig) -> Any:
+    """The rollout correction of ``--rollout-is``/``--rollout-rs`` (algos/correction.py)."""
+    from zsearch_cli.algos.correction import CorrectionConfig
+
+    try:
+        return CorrectionConfig(is_mode=cfg.rollout_is, is_cap=cfg.rollout_is_cap, rs_mode=cfg.rollout_rs,
+                                rs_low=cfg.rollout_rs_low, rs_high=cfg.rollout_rs_high)
+    except ValueError as err:
+        raise ZsearchError(f"--rollout-is/--rollout-rs: {err}") from None
+
+
+ON_COLLAPSE = ("warn", "stop", "rollback")
+
+RESOLVED_FIELDS = ("beta", "clip_eps_low", "clip_eps_high", "max_gen_batches", "loss_agg")
 """TrainConfig fields whose ``None`` means "the algorithm's paper default"."""
 
 
@@ -255,6 +296,18 @@ def check_config(cfg: TrainConfig) -> Any:
     need(not (cfg.rollout_overlap and spec.filter_groups),
          f"--rollout-overlap with --algo {cfg.algo}: DSPO's dynamic filter draws generation batches on demand, "
          "which a rollout started steps ahead cannot serve; use --rollout-overlap 0 (or --algo dspo-nofilter)")
+    corr = correction_config(cfg)
+    need(not (cfg.rollout_overlap and (corr.is_mode != "none" or corr.rs_mode != "none")),
+         "--rollout-is/--rollout-rs with --rollout-overlap: the overlap already takes pi_old from the sampler "
+         "(verl's bypass), so pi_old/pi_rollout is 1 and there is nothing to correct; the clip bounds the ratio")
+    need(not (cfg.rollout_overlap and spec.on_policy),
+         f"--rollout-overlap with --algo {cfg.algo}: its objective has no clipped ratio, and an unclipped "
+         "update on stale samples destabilises within a few steps; use --rollout-overlap 0")
+    need(cfg.on_collapse in ON_COLLAPSE, f"unknown --on-collapse {cfg.on_collapse!r}: use warn, stop or rollback")
+    if cfg.guard and cfg.on_collapse == "rollback":
+        need(cfg.save_every > 0, "--on-collapse rollback needs checkpoints to go back to: set --save-every > 0")
+        need(not cfg.rollout_overlap, "--on-collapse rollback with --rollout-overlap: the rollouts drawn ahead "
+             "would come from the weights being rolled back; use warn or stop")
     from zsearch_cli.rollout.protocols import PROTOCOLS
 
     need(cfg.protocol in PROTOCOLS, f"unknown --protocol {cfg.protocol!r}: use one of {', '.join(PROTOCOLS)}")

@@ -72,6 +72,7 @@ def step_metrics(step: int, collected: StepSamples, update: dict[str, float] | N
         "rollout/searches": _mean([t.num_searches for t in trajs]),
         "rollout/invalid": _mean([t.num_invalid for t in trajs]),
         "rollout/answered": _mean([float(t.prediction is not None) for t in trajs]),
+        "rollout/truncated_frac": _mean([float(t.truncated) for t in trajs]),
         "actor/samples": float(len(collected.train)),
         "filter/gen_batches": float(collected.gen_batches),
         "time/rollout": collected.time_rollout,
@@ -80,6 +81,11 @@ def step_metrics(step: int, collected: StepSamples, update: dict[str, float] | N
     if collected.kept_groups is not None:
         values.update({"filter/kept_groups": float(collected.kept_groups), "filter/tokens_wasted": collected.tokens_wasted,
                        "filter/kept_frac": collected.kept_groups / max(collected.total_groups, 1)})
+    if trajs:  # the policy's own text and tokens, never the retrieved passages (train/guard.py)
+        from zsearch_cli.train.guard import text_metrics
+
+        values.update(text_metrics(["".join(t.policy_texts) for t in trajs],
+                                   [[i for i, k in zip(t.response_ids, t.loss_mask) if k] for t in trajs]))
     values.update(update or {})
     values.update(extra)
     unknown = sorted(set(values) - set(row))

@@ -20,6 +20,7 @@ token-averaged ones (PPO's policy and value losses) by its share of policy token
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -73,6 +74,15 @@ class StepBatch:
     logp_mismatch: float | None = None
     """Mean |sampler − recomputed| logprob over the policy tokens (with --rollout-overlap:
     over those the current weights sampled; None when there are none)."""
+    truncated: Tensor | None = None  # [N] bool: a length budget ended the sample (Trajectory.truncated)
+    loss_mask: Tensor | None = None
+    """[N, T] bool: the tokens the policy loss trains on: the policy tokens, less the truncated
+    samples' under --mask-truncated and the tokens the rollout correction rejected; also the
+    loss's denominator (docs/methods.md §4.8)."""
+    weights: Tensor | None = None  # [N, T] float32: the rollout correction's IS weights (1 = none)
+    correction: dict[str, float] | None = None
+    """``offpolicy/…`` diagnostics of the rollout correction (None under --rollout-overlap,
+    where π_old is the sampler's and there is nothing to measure)."""
 
     @property
     def size(self) -> int:
@@ -128,6 +138,7 @@ def step_batch(samples: Sequence[Sample], pad_id: int) -> StepBatch:
         versions=versions,
         rewards=torch.tensor([s.reward for s in samples], dtype=torch.float32),
         group_keys=[s.group_key for s in samples],
+        truncated=torch.tensor([t.truncated for t in trajs], dtype=torch.bool),
     )
 
 
@@ -170,6 +181,25 @@ def rollout_tensors(m: StepModels, batch: StepBatch, cfg: TrainConfig, version: 
     batch.logp_mismatch = diff_sum / diff_n if diff_n else None
     if cfg.rollout_overlap:
         batch.old_logp = batch.sampler_logp.to(m.device)  # 0 on observations and padding, as the frame
+    return correct(batch, cfg, m.device)
+
+
+def correct(batch: StepBatch, cfg: TrainConfig, device: Any) -> StepBatch:
+    """Fill ``loss_mask``, ``weights`` and ``correction``: --mask-truncated drops the truncated
+    samples' tokens from the loss (they keep their reward in the group baseline, computed
+    before, over every sample), then the rollout correction weights and rejects tokens by
+    π_old/π_rollout (algos/correction.py; docs/methods.md §4.8)."""
+    from zsearch_cli.algos.correction import rollout_correction
+    from zsearch_cli.train.config import correction_config
+
+    assert batch.old_logp is not None and batch.truncated is not None
+    mask = batch.tokens.mask.to(device)  # [N, T]
+    if cfg.mask_truncated:
+        mask = mask & ~batch.truncated.to(device)[:, None]
+    corr = rollout_correction(batch.old_logp, batch.sampler_logp.to(device), mask, correction_config(cfg))
+    batch.loss_mask, batch.weights = corr.keep, corr.weights
+    batch.correction = None if cfg.rollout_overlap else {
+        f"offpolicy/{'capped_frac' if k == 'truncated_frac' else k}": float(v) for k, v in corr.stats.items()}
     return batch
 
 
@@ -233,8 +263,17 @@ def optimize(m: StepModels, spec: AlgoSpec, acfg: AlgoConfig, cfg: TrainConfig, 
     training steps before this one, which seeds the mini-batch order."""
     n = batch.size
     mini = cfg.mini_batch_size or n
-    token_level = spec.needs_critic  # PPO's losses are means over the batch's policy tokens
-    tokens = batch.policy_tokens
+    assert batch.loss_mask is not None
+    # A micro-batch's loss is weighted by its share of what the mini-batch loss averages over:
+    # trained tokens for a token mean (the actor's --loss-agg token-mean; PPO's value loss, over
+    # the policy tokens), sequences for the per-sequence means (every row counts in 1/N).
+    token_level = getattr(acfg, "loss_agg", "seq-mean-token-mean") == "token-mean"
+    tokens = batch.loss_mask.sum(dim=1).tolist()
+    critic_tokens = batch.policy_tokens
+    if getattr(acfg, "loss_agg", None) == "seq-mean-token-sum-norm" and acfg.loss_agg_norm is None:
+        # Dr. GRPO's constant: one number for every micro-batch, step and process (the response
+        # budget), never a micro-batch's own width; --algo-arg loss_agg_norm=N sets another.
+        acfg = dataclasses.replace(acfg, loss_agg_norm=float(cfg.max_context_tokens))
     clip = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
     sums: dict[str, float] = {}
     updates = 0
@@ -246,11 +285,15 @@ def optimize(m: StepModels, spec: AlgoSpec, acfg: AlgoConfig, cfg: TrainConfig, 
             if m.critic_optimizer is not None:
                 m.critic_optimizer.zero_grad(set_to_none=True)
             denom = _token_denominator(m.accelerator, sum(tokens[i] for i in mb)) if token_level else len(mb)
+            critic_denom = (_token_denominator(m.accelerator, sum(critic_tokens[i] for i in mb))
+                            if m.critic is not None else 1.0)
             stats: dict[str, float] = {}
             micros = _chunks(mb, cfg.micro_batch_size)
             for j, micro in enumerate(micros):
                 weight = (sum(tokens[i] for i in micro) if token_level else len(micro)) / denom
-                _micro_step(m, spec, acfg, cfg, batch, micro, weight, stats, last=j == len(micros) - 1)
+                critic_weight = sum(critic_tokens[i] for i in micro) / critic_denom
+                _micro_step(m, spec, acfg, cfg, batch, micro, (weight, critic_weight), stats,
+                            last=j == len(micros) - 1)
             # The parameter lists are taken after the backward, not once per step: FSDP2 swaps
             # unsharded tensors in and out around forwards, so an earlier list can be stale.
             grad_norm = m.accelerator.clip_grad_norm_(_trainable(m.policy), clip)
@@ -262,7 +305,7 @@ def optimize(m: StepModels, spec: AlgoSpec, acfg: AlgoConfig, cfg: TrainConfig, 
             _accumulate(sums, stats, 1.0)
             updates += 1
     m.optimizer.zero_grad(set_to_none=True)
-    return {k: v / max(updates, 1) for k, v in sums.items()}
+    return {**{k: v / max(updates, 1) for k, v in sums.items()}, **(batch.correction or {})}
 
 
 def _token_denominator(accelerator: Any, local_tokens: int) -> float:
@@ -284,11 +327,15 @@ def _trainable(model: Any) -> list[Any]:
 
 
 def _micro_step(m: StepModels, spec: AlgoSpec, acfg: AlgoConfig, cfg: TrainConfig, batch: StepBatch,
-                micro: list[int], weight: float, stats: dict[str, float], last: bool) -> None:
-    """Forward + backward of one micro-batch (an index slice of the step's batch), its loss
-    scaled by ``weight``."""
+                micro: list[int], weights: tuple[float, float], stats: dict[str, float], last: bool) -> None:
+    """Forward + backward of one micro-batch (an index slice of the step's batch), the policy
+    loss scaled by ``weights[0]``, the value loss by ``weights[1]``."""
     assert batch.old_logp is not None and batch.advantages is not None
+    assert batch.loss_mask is not None and batch.weights is not None
+    weight, critic_weight = weights
     fb = batch.forward_batch(micro, m.device)
+    loss_mask = batch.rows(batch.loss_mask, micro).to(m.device)  # [b, t]
+    is_weights = batch.rows(batch.weights, micro).to(m.device)  # [b, t]
     old = batch.rows(batch.old_logp, micro)  # [b, t]
     ref = batch.rows(batch.ref_logp, micro) if batch.ref_logp is not None else None  # [b, t]
     if spec.needs_critic:
@@ -298,8 +345,9 @@ def _micro_step(m: StepModels, spec: AlgoSpec, acfg: AlgoConfig, cfg: TrainConfi
     sync = contextlib.nullcontext() if last else m.accelerator.no_sync(m.policy)
     with sync:
         logp, entropy = policy_forward(m.policy, fb, cfg.temperature, entropy=True, top_p=cfg.top_p)
-        loss, pstats = spec.policy_loss(logp, old.to(logp.device), adv.to(logp.device), fb.mask, acfg,
-                                        ref_logp=None if ref is None else ref.to(logp.device), entropy=entropy)
+        loss, pstats = spec.policy_loss(logp, old.to(logp.device), adv.to(logp.device), loss_mask, acfg,
+                                        ref_logp=None if ref is None else ref.to(logp.device), entropy=entropy,
+                                        weights=is_weights)
         m.accelerator.backward(loss * weight)
     _accumulate(stats, pstats, weight, prefix="actor/")
     if m.critic is not None:
@@ -309,5 +357,5 @@ def _micro_step(m: StepModels, spec: AlgoSpec, acfg: AlgoConfig, cfg: TrainConfi
         with csync:
             values = critic_forward(m.critic, fb)
             vloss, vstats = spec.value_loss(values, old_v.to(values.device), returns.to(values.device), fb.mask, acfg)
-            m.accelerator.backward(vloss * weight)
-        _accumulate(stats, vstats, weight, prefix="critic/")
+            m.accelerator.backward(vloss * critic_weight)
+        _accumulate(stats, vstats, critic_weight, prefix="critic/")
