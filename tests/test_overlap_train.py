@@ -45,8 +45,10 @@ def test_overlap_takes_pi_old_from_the_sampler_and_checks_only_fresh_tokens(tiny
     m = StepModels(policy, None, None, None, None, Accelerator(cpu=True), 0, torch.device("cpu"))
 
     for overlap in (0, 1):
+        # two epochs: pi_old must then come from a forward before the update (with one epoch and
+        # one mini-batch it is the update's own forward, train/update.py fused_old_logp)
         cfg = resolve_config(TrainConfig(algo="grpo", model=str(tiny_model_dir), group_size=2, temperature=1.0,
-                                         rollout_overlap=overlap))
+                                         rollout_overlap=overlap, ppo_epochs=2))
         batch = rollout_tensors(m, step_batch(samples, 0), cfg, version=3)
         mask = batch.tokens.mask.bool()
         if overlap:

@@ -159,3 +159,45 @@ def test_paper_defaults_of_the_aggregation():
     for algo in ("grpo", "reinforce", "gspo", "dspo", "hrpo"):
         assert algo_config(resolve_config(TrainConfig(algo=algo))).loss_agg == "seq-mean-token-mean"
     assert resolve_config(TrainConfig(algo="grpo")).loss_agg == "seq-mean-token-mean"  # recorded, never null
+
+
+@pytest.mark.parametrize("algo", ["grpo", "gspo"])
+def test_one_forward_fewer_when_the_update_is_on_policy(tiny_model_dir, monkeypatch, algo):
+    # One epoch, one mini-batch: pi_old is the update's own forward, detached (ratio exactly 1),
+    # instead of a separate no-grad forward before it. The update, the mismatch and the
+    # diagnostics must equal the two-forward path's (to float rounding), with one policy
+    # forward fewer per micro-batch.
+    from zsearch_cli.train import update
+
+    calls = {"n": 0}
+    real = update.policy_forward
+
+    def counting(model, *args, **kwargs):
+        calls["n"] += 1
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(update, "policy_forward", counting)
+    shift = {(0, 2): 0.3, (4, 3): -0.2}  # a sampler slightly off, so the diagnostics are not all 0
+    fused, fused_stats = _update(tiny_model_dir, _samples(), sampler_shift=shift, algo=algo, micro_batch_size=4)
+    fused_calls = calls["n"]
+    monkeypatch.setattr(update, "fused_old_logp", lambda *a: False)
+    calls["n"] = 0
+    separate, separate_stats = _update(tiny_model_dir, _samples(), sampler_shift=shift, algo=algo,
+                                       micro_batch_size=4)
+    assert (fused_calls, calls["n"]) == (2, 4)  # 6 sequences in micro-batches of 4: 2 forwards saved
+    assert _max_diff(fused, separate) < 1e-6
+    assert fused_stats["actor/ratio_mean"] == 1.0 and separate_stats["actor/ratio_mean"] == pytest.approx(1, abs=1e-6)
+    for key in ("offpolicy/k3_kl", "offpolicy/chi2_token", "actor/pg_loss"):
+        assert fused_stats[key] == pytest.approx(separate_stats[key], rel=1e-5, abs=1e-7), key
+    assert fused_stats["offpolicy/k3_kl"] > 0
+
+
+def test_the_separate_forward_stays_where_pi_old_is_needed_first():
+    from zsearch_cli.train.update import fused_old_logp
+
+    base = dict(algo="grpo")
+    assert fused_old_logp(TrainConfig(**base), 10, has_critic=False)
+    for extra in (dict(ppo_epochs=2), dict(mini_batch_size=5), dict(rollout_overlap=1), dict(rollout_is="token"),
+                  dict(rollout_rs="geometric")):
+        assert not fused_old_logp(TrainConfig(**base, **extra), 10, has_critic=False), extra
+    assert not fused_old_logp(TrainConfig(algo="ppo"), 10, has_critic=True)
