@@ -112,9 +112,12 @@ def eval_(ctx: typer.Context, given: dict) -> None:
 # ----------------------------------------------------------------------------- Dr. Zero
 
 # propose (HRPO training / --generate-only), solve and drzero live in cli_drzero.py (length only).
-app.command()(cli_drzero.propose)
-app.command()(cli_drzero.solve)
-app.command()(cli_drzero.drzero)
+# short_help: click ends a command's one-line help at the first ". ", which is "Dr." here
+app.command(short_help="Dr. Zero proposer: HRPO training against a frozen solver, or --generate-only.")(
+    cli_drzero.propose)
+app.command(short_help="Dr. Zero solver: GRPO on a proposer-generated QA set.")(cli_drzero.solve)
+app.command(short_help="Dr. Zero self-evolution: propose, generate, solve (, eval) per iteration.")(
+    cli_drzero.drzero)
 
 
 # ----------------------------------------------------------------------------- ZeroSearch data: collect / judge

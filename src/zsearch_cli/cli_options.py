@@ -20,6 +20,7 @@ import ast
 import dataclasses
 import functools
 import inspect
+import re
 import textwrap
 import types
 import typing
@@ -184,8 +185,12 @@ def command(*classes: type, name: str, only: tuple[str, ...] | None = None, excl
         params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)]
         for o in sorted(opts.values(), key=lambda o: not o.argument):
             default = ... if o.required else None if o.convert and o.default in ({}, []) else o.default
-            info = (typer.Argument(default, help=o.help) if o.argument
-                    else typer.Option(default, *o.flags, help=o.help))
+            help_text = o.help
+            if default not in (None, ...):
+                # "[runs/index]" says what None means; with a real default, typer shows it already
+                help_text = re.sub(r"\s*\[[^\]]*\]\.?\s*$", ".", help_text).replace("..", ".")
+            info = (typer.Argument(default, help=help_text) if o.argument
+                    else typer.Option(default, *o.flags, help=help_text))
             params.append(inspect.Parameter(o.param, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=info,
                                             annotation=o.annotation))
         if config_file:

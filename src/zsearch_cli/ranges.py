@@ -33,11 +33,17 @@ class Range:
 
     def describe(self, why: bool = True) -> str:
         lo_bound, hi_bound = self.lo != -INF, self.hi != INF
-        lo = f"{'>' if self.lo_open else '>='} {self.lo:g}"
-        hi = f"{'<' if self.hi_open else '<='} {self.hi:g}"
+        lo = f"{'>' if self.lo_open else '>='} {_number(self.lo)}"
+        hi = f"{'<' if self.hi_open else '<='} {_number(self.hi)}"
         text = (f"{lo} and {hi}" if lo_bound and hi_bound else lo if lo_bound else hi if hi_bound
                 else "a finite number")
         return f"{text} ({self.why})" if self.why and why else text
+
+
+def _number(x: float) -> str:
+    """A bound as a person writes it: whole numbers in full (the seed's 4294967295, not
+    4.29497e+09), others in the shortest form."""
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e16 else f"{x:g}"
 
 
 AT_LEAST_0 = Range(0)

@@ -55,7 +55,7 @@ class TrainConfig(Record):
     """reinforce, ppo, grpo, gspo, dspo (+ dspo-nofilter, dspo-token)."""
     train_data: str | None = None
     """Comma list of QA files [the bundled demo train split]."""
-    steps: int = option(100, range=AT_LEAST_1)
+    steps: int = option(100, range=AT_LEAST_1, aliases=("max_steps",))
     """Training steps (one rollout batch and its updates each)."""
 
     # ---- batch shapes (TRL counts completions; here B counts prompts, each with G responses)

@@ -1,0 +1,43 @@
+"""Issue 23.7: small defects a first-time user meets in ``--help``."""
+
+from __future__ import annotations
+
+from typer.testing import CliRunner
+
+from zsearch_cli.cli import app
+
+runner = CliRunner()
+
+
+def _help(*args: str) -> str:
+    result = runner.invoke(app, [*args, "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_the_dr_zero_commands_have_a_whole_one_line_help():
+    # click ends a short help at the first ". ": it used to read just "Dr."
+    lines = {line.split()[0]: line for line in _help().splitlines() if line.strip().startswith(("propose", "solve",
+                                                                                               "drzero"))}
+    assert set(lines) == {"propose", "solve", "drzero"}
+    assert all("Dr. Zero" in line for line in lines.values()), lines
+
+
+def test_the_seed_range_prints_as_a_whole_number():
+    out = _help("train")
+    assert "4294967295" in out and "e+09" not in out
+
+
+def test_train_takes_max_steps_like_trl():
+    from zsearch_cli.train.config import TrainConfig
+
+    assert "--max-steps" in _help("train")
+    result = runner.invoke(app, ["train", "--max-steps", "0"])  # the alias reaches the same field and range
+    assert result.exit_code == 2 and "--steps must be >= 1, got 0" in result.output
+    assert TrainConfig(steps=3).steps == 3
+
+
+def test_a_default_is_printed_once():
+    out = _help("propose")
+    index = out[out.index("--index"):].split("--topk")[0]
+    assert "[runs/index]" not in index and "default: runs/index" in index
