@@ -201,3 +201,35 @@ def test_the_separate_forward_stays_where_pi_old_is_needed_first():
                   dict(rollout_rs="geometric")):
         assert not fused_old_logp(TrainConfig(**base, **extra), 10, has_critic=False), extra
     assert not fused_old_logp(TrainConfig(algo="ppo"), 10, has_critic=True)
+
+
+def test_a_checkpoint_of_an_older_zsearch_resumes(tmp_path, tiny_model_dir, demo_index):
+    # A checkpoint written before the options of issues 23/24 existed records none of them;
+    # --resume must read them as the values that run used (defaults; loss_agg: the algo's),
+    # not refuse it as "rollout_is=None->'none'". Deleting any other key still refuses.
+    import json
+
+    from typer.testing import CliRunner
+
+    from zsearch_cli.cli import app
+
+    runner = CliRunner()
+    out = tmp_path / "run"
+    args = ["train", "--algo", "grpo", "-G", "2", "--batch-size", "2", "--model", str(tiny_model_dir), "--index",
+            str(demo_index), "--out", str(out), "--save-every", "1", "--max-turns", "1", "--max-turn-tokens", "8",
+            "--device", "cpu"]
+    assert runner.invoke(app, [*args, "--steps", "1"]).exit_code == 0
+    state_path = out / "checkpoints" / "step-1" / "trainer_state.json"
+    state = json.loads(state_path.read_text())
+    for key in ("rollout_is", "rollout_is_cap", "rollout_rs", "rollout_rs_low", "rollout_rs_high", "loss_agg",
+                "mask_truncated", "merge_lora", "guard", "on_collapse"):
+        del state["config"][key]
+    state_path.write_text(json.dumps(state))
+    from zsearch_cli.train.integrity import write_manifest
+
+    write_manifest(state_path.parent)  # as that version wrote it: a complete checkpoint
+    result = runner.invoke(app, [*args, "--steps", "2", "--resume"])
+    assert result.exit_code == 0, result.output
+    # a real difference is still refused
+    result = runner.invoke(app, [*args, "--steps", "3", "--resume", "--loss-agg", "token-mean"])
+    assert result.exit_code == 2 and "loss_agg='seq-mean-token-mean'->'token-mean'" in result.output

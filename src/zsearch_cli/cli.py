@@ -9,9 +9,9 @@ import typer
 
 from zsearch_cli import __version__, cli_drzero, cli_train
 from zsearch_cli.cli_options import command
-from zsearch_cli.cli_base import OneLineErrors, resolved_options
-from zsearch_cli.options import (CollectOptions, EvalOptions, IndexOptions, JudgeOptions, QueryOptions, ServeOptions,
-                                 ShowOptions)
+from zsearch_cli.cli_base import OneLineErrors, resolved_options, show_ranges_in_help
+from zsearch_cli.options import (AgentServeOptions, CollectOptions, EvalOptions, IndexOptions, JudgeOptions,
+                                 QueryOptions, ServeOptions, ShowOptions)
 
 app = typer.Typer(
     name="zsearch",
@@ -146,9 +146,36 @@ def judge(ctx: typer.Context, given: dict) -> None:
 # train, plot, warmup-data, sft and simsft live in cli_train.py (length only).
 app.command()(cli_train.train)
 app.command()(cli_train.plot)
+app.command()(cli_train.export)
 app.command("warmup-data")(cli_train.warmup_data)
 app.command()(cli_train.sft)
 app.command()(cli_train.simsft)
+
+
+# ----------------------------------------------------------------------------- agent
+
+
+class _AgentGroup(typer.core.TyperGroup):
+    """``zsearch agent``: its commands' ranges are registered as ``agent NAME``."""
+
+    def __init__(self, **kwargs: object):
+        super().__init__(**kwargs)
+        show_ranges_in_help(self.commands, prefix="agent ")
+
+
+agent_app = typer.Typer(name="agent", help="Serve a trained search agent.", no_args_is_help=True,
+                        add_completion=False, pretty_exceptions_enable=False, rich_markup_mode=None, cls=_AgentGroup)
+app.add_typer(agent_app, name="agent")
+
+
+@agent_app.command("serve")
+@command(AgentServeOptions, name="agent serve")
+def agent_serve(ctx: typer.Context, given: dict) -> None:
+    """Serve the search agent (the eval engine: search, read, answer) over an OpenAI-compatible
+    /v1/chat/completions API."""
+    from zsearch_cli.agent.server import run_agent_server
+
+    run_agent_server(AgentServeOptions(**given))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -99,11 +99,21 @@ def _flag(param: Any) -> str:
     return next((o for o in getattr(param, "opts", []) if o.startswith("--")), param.name.upper())
 
 
+def command_key(ctx: Any) -> str:
+    """The name :func:`cli_options.command` registered the running command's ranges under:
+    ``serve`` for ``zsearch serve``, ``agent serve`` for a subcommand of ``zsearch agent``."""
+    names = []
+    while ctx is not None and ctx.parent is not None:
+        names.append(ctx.info_name)
+        ctx = ctx.parent
+    return " ".join(reversed(names)) or (ctx.info_name if ctx is not None else "") or ""
+
+
 def check_ranges(ctx: Any, values: dict[str, Any]) -> None:
     """Refuse a numeric option outside its declared range (declared on its field,
     :func:`cli_options.option`),
     naming the flag, or the config file and key that set it."""
-    command = ctx.info_name if ctx is not None else ""
+    command = command_key(ctx)
     params = {p.name: p for p in ctx.command.params} if ctx is not None else {}
     for name, value in values.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -124,7 +134,7 @@ class OneLineErrors(TyperGroup):
 
     def __init__(self, **kwargs: Any):
         super().__init__(**kwargs)
-        _show_ranges_in_help(self.commands)
+        show_ranges_in_help(self.commands)
 
     def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
@@ -144,12 +154,12 @@ class OneLineErrors(TyperGroup):
         sys.exit(rv if isinstance(rv, int) else 0)
 
 
-def _show_ranges_in_help(commands: dict[str, Any]) -> None:
+def show_ranges_in_help(commands: dict[str, Any], prefix: str = "") -> None:
     """Append each numeric option's accepted range to its help text, so ``--help`` says
-    what the check in :func:`check_ranges` will accept."""
+    what the check in :func:`check_ranges` will accept (``prefix``: a subgroup's name)."""
     for name, cmd in commands.items():
         for p in getattr(cmd, "params", []):
-            rng = range_for(name, p.name) if getattr(p, "help", None) is not None else None
+            rng = range_for(prefix + name, p.name) if getattr(p, "help", None) is not None else None
             if rng is not None and rng != ANY and "(accepts " not in p.help:
                 p.help = f"{p.help.rstrip()} (accepts {rng.describe(why=False)})"
 

@@ -25,7 +25,7 @@ PROPOSE_TRAINING = ("model", "out", "steps", "seed", "batch_size", "lr", "warmup
                     "gradient_checkpointing", "search", "index", "topk", "max_turns", "max_turn_tokens",
                     "max_obs_tokens", "max_context_tokens", "temperature", "rollout_mode", "search_concurrency", "backend",
                     "device", "dtype", "save_every", "keep_checkpoints", "resume", "save_rollouts", "report_to",
-                    *("mask_truncated", "guard", "on_collapse"))
+                    *("mask_truncated", "guard", "on_collapse", "merge_lora"))
 """The TrainConfig options ``propose`` takes (HRPO fixes the algorithm's own; it is on-policy, with no
 ratio for a rollout correction to weight)."""
 
@@ -34,7 +34,7 @@ SOLVE = ("model", "out", "steps", "seed", "batch_size", "group_size", "lr", "bet
          "index", "topk", "max_turns", "max_turn_tokens", "max_obs_tokens", "max_context_tokens", "temperature",
          "rollout_mode", "search_concurrency", "backend", "device", "dtype", "save_every", "keep_checkpoints", "resume",
          "save_rollouts", "report_to", "rollout_is", "rollout_is_cap", "rollout_rs", "rollout_rs_low", "rollout_rs_high",
-         "loss_agg", "mask_truncated", "guard", "on_collapse")
+         "loss_agg", "mask_truncated", "guard", "on_collapse", "merge_lora")
 """The TrainConfig options ``solve`` takes (the rest is GRPO's, through the drzero-solver preset)."""
 
 PROPOSE_DEFAULTS = {"index": Path("runs/index")}

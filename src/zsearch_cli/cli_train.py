@@ -1,5 +1,5 @@
-"""The training commands of the ``zsearch`` CLI: ``train``, ``plot``, ``warmup-data``, ``sft``
-and ``simsft``.
+"""The training commands of the ``zsearch`` CLI: ``train``, ``plot``, ``export``, ``warmup-data``,
+``sft`` and ``simsft``.
 
 Kept apart from ``cli.py`` only for length; ``cli.py`` registers them on the one app. Like
 every command they parse options and call library functions (``train/``, ``stages/``).
@@ -11,7 +11,7 @@ import typer
 
 from zsearch_cli.cli_options import command, project
 from zsearch_cli.cli_base import resolved_options
-from zsearch_cli.options import PlotOptions, WarmupOptions
+from zsearch_cli.options import ExportOptions, PlotOptions, WarmupOptions
 from zsearch_cli.train.config import TrainConfig
 from zsearch_cli.train.sft_config import SFTConfig, SimSFTOptions
 
@@ -37,6 +37,19 @@ def plot(ctx: typer.Context, given: dict) -> None:
 
     opts = PlotOptions(**given)
     typer.echo(f"curves written to {plot_metrics(opts.run_dir, opts.out, opts.title)}")
+
+
+@command(ExportOptions, name="export", config_file=False)
+def export(ctx: typer.Context, given: dict) -> None:
+    """Export a run, checkpoint or final folder as a plain HF folder (weights, tokenizer, chat template,
+    model card) that transformers, peft and vLLM load on another machine; --merge-lora merges a LoRA."""
+    from zsearch_cli.commands.export import export as run_export
+    from zsearch_cli.commands.export import folder_bytes
+
+    o = ExportOptions(**given)
+    out = run_export(o.source, o.out, merge_lora=o.merge_lora, dtype=o.dtype, eval_dir=o.eval, force=o.force,
+                     note=lambda line: typer.echo(line, err=True))
+    typer.echo(f"exported to {out} ({folder_bytes(out) / 2**20:.1f} MiB; zsearch eval --model {out})")
 
 
 # ----------------------------------------------------------------------------- SFT / simulator SFT

@@ -300,6 +300,26 @@ class EvalOptions:
 
 
 @dataclass(kw_only=True)
+class ExportOptions:
+    """``zsearch export``: a trained model as a plain HF folder for another machine."""
+
+    source: Path = option(argument=True)
+    """A `zsearch train`/`sft` run folder (its final/, else its newest checkpoint), a checkpoint
+    folder (OUT/checkpoints/step-N: its weights only) or a final folder."""
+    out: Path = option(flags=("--out", "-o"))
+    """Folder to write: safetensors, tokenizer and chat template, config, a README model card."""
+    merge_lora: bool = option(False, flags=("--merge-lora",))
+    """A LoRA adapter: merge it into its base and write full weights (without: the adapter, naming its
+    base portably)."""
+    dtype: str = "auto"
+    """Weights' dtype: auto (as stored; a merge keeps the base's), float32, bfloat16 or float16."""
+    eval: Optional[Path] = option(None, flags=("--eval",), param="eval_dir")
+    """A `zsearch eval --out` folder whose summaries go into the model card [the run folder's own]."""
+    force: bool = option(False, flags=("--force",))
+    """Replace a non-empty --out."""
+
+
+@dataclass(kw_only=True)
 @uses(ModelOptions, "model", "backend", "device")
 @uses(SearchConfig)
 @uses(RolloutOptions, topk=5, max_turns=5)
@@ -406,3 +426,29 @@ class GenerateOptions:
     """--generate-only: proposer samples per prompt; the best by format score is kept."""
     batch_size: int = option(16, range=AT_LEAST_1)
     """Proposer prompts per step (training) or per batch (generation)."""
+
+
+# ----------------------------------------------------------------------------- agent serve
+
+
+@dataclass(kw_only=True)
+@uses(ModelOptions, "model", "backend", "device")
+@uses(SearchConfig)
+@uses(RolloutOptions, "protocol", "topk", "max_turns", "max_turn_tokens", "max_obs_tokens", "max_context_tokens",
+      "temperature", "top_p", "rollout_mode", "search_concurrency", temperature=0.0)
+@uses(Seeded)
+class AgentServeOptions:
+    """``zsearch agent serve``: the search agent behind an OpenAI-compatible chat API (the engine
+    and settings of ``zsearch eval --method agent``; a request's temperature, top_p, max_tokens
+    and seed override the server's)."""
+
+    host: str = "127.0.0.1"
+    """Bind address; anything but loopback must be asked for explicitly."""
+    port: int = option(8001, range=Range(0, 65535, why="0 picks a free port"))
+    """TCP port; 0 picks a free one (printed at start)."""
+    served_model_name: Optional[str] = None
+    """The model id /v1/models lists and requests name [the --model value]."""
+    max_concurrent: int = option(16, range=AT_LEAST_1)
+    """Requests in flight at most, running or queued (one rollout runs at a time); more get a 429."""
+    max_body_kb: int = option(1024, range=AT_LEAST_1)
+    """Largest request body in KiB (a larger one gets a 413)."""

@@ -270,19 +270,24 @@ def is_lora_checkpoint(path: str | Path) -> bool:
 
 def adapter_base(path: str | Path) -> str:
     """The base model of a peft adapter folder: the zsearch alias it was trained from
-    (``zsearch_base.json``, written when ``adapter_config.json`` names that alias's cache
-    folder, so the adapter still loads once the cache is gone or the folder is copied to
-    another machine), else its ``base_model_name_or_path``."""
+    (``zsearch_base.json``, written beside ``adapter_config.json``, which names this
+    machine's folder, so the adapter still loads once the cache is gone or the folder is
+    copied to another machine), else its ``base_model_name_or_path``, else (that folder is
+    gone) the hub id ``zsearch_base.json`` records (a folder of the hub cache)."""
     try:
-        alias = json.loads((Path(path) / "zsearch_base.json").read_text()).get("base")
+        portable = json.loads((Path(path) / "zsearch_base.json").read_text()).get("base")
     except (OSError, ValueError, AttributeError):
-        alias = None
-    if alias in ALIASES:
-        return alias
+        portable = None
+    if portable in ALIASES:
+        return portable
     try:
-        return json.loads((Path(path) / "adapter_config.json").read_text())["base_model_name_or_path"]
+        base = json.loads((Path(path) / "adapter_config.json").read_text())["base_model_name_or_path"]
     except (OSError, ValueError, KeyError) as err:
         raise ZsearchError(f"{path}: adapter_config.json has no readable base_model_name_or_path ({err})") from None
+    gone = isinstance(base, str) and Path(base).is_absolute() and not Path(base).exists()
+    if gone and isinstance(portable, str) and portable.count("/") == 1:  # a hub id
+        return portable
+    return base
 
 
 def _load_lora_merged(path: str, device: str, dtype: "str | torch.dtype", trainable: bool) -> tuple[Any, Any]:

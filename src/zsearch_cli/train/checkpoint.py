@@ -13,7 +13,11 @@ A checkpoint is an HF model folder (full weights as safetensors, or a peft adapt
 Writes are atomic: everything goes into a hidden temp folder that is renamed to
 ``step-N`` only when complete, so a process killed mid-save leaves no half checkpoint
 (a stale ``.step-N.tmp-*`` folder is ignored and removed by the next save). Only the newest
-``keep`` checkpoints are kept.
+``keep`` checkpoints are kept, and besides them (``--on-collapse rollback``, train/stability.py)
+the newest ``keep_healthy`` ones marked healthy (a file ``healthy`` in the folder, written by
+the collapse guard once the steps after it raised no event) and those awaiting that verdict.
+``trainer_state.json`` also holds the collapse guard's state (``guard``), so a resume keeps
+its baseline.
 
 **Completeness.** The last file written is ``zsearch-manifest.json``: every other file's size, and
 the SHA-256 of each pickle (``*.pt``), with an HMAC of the whole made with a per-user key
@@ -59,7 +63,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Collection
 
 import numpy as np
 import torch
@@ -285,6 +289,7 @@ class TrainingState:
     critic: Any = None
     critic_optimizer: Any = None
     critic_scheduler: Any = None
+    guard: dict[str, Any] | None = None  # the collapse guard's state (train/stability.py), JSON
 
 
 def _gather(ts: TrainingState) -> dict[str, Any]:
@@ -334,12 +339,16 @@ def _write(ts: TrainingState, parts: dict[str, Any], completed: int, tmp: Path) 
         "metrics_format": METRICS_FORMAT,
         "metrics": ts.metrics,
     }
+    if ts.guard is not None:
+        state["guard"] = ts.guard
     (tmp / STATE_FILE).write_text(json.dumps(state, default=str) + "\n")
 
 
-def save_checkpoint(ts: TrainingState, completed: int) -> Path:
-    """Write OUT/checkpoints/step-``completed`` of the run ``ts`` and prune old ones. Call it
-    on every process: all gather, the main process writes, all return once it exists."""
+def save_checkpoint(ts: TrainingState, completed: int, protect: Collection[int] = (), keep_healthy: int = 0) -> Path:
+    """Write OUT/checkpoints/step-``completed`` of the run ``ts`` and prune old ones (all but
+    the newest ``keep``, the newest ``keep_healthy`` marked healthy and the steps in
+    ``protect``). Call it on every process: all gather, the main process writes, all return
+    once it exists."""
     acc = ts.accelerator
     out = Path(ts.cfg.out)
     root = out / "checkpoints"
@@ -349,10 +358,37 @@ def save_checkpoint(ts: TrainingState, completed: int) -> Path:
         for stale in root.glob(".step-*.tmp-*") if root.is_dir() else []:
             shutil.rmtree(stale, ignore_errors=True)  # left by a process killed mid-save
         atomic_dir(path, lambda tmp: _write(ts, parts, completed, tmp))
-        for _, old in checkpoints(out)[: -ts.cfg.keep_checkpoints]:
-            shutil.rmtree(old, ignore_errors=True)
+        healthy = healthy_checkpoints(out)
+        spared = set(protect) | ({n for n, _ in healthy[-keep_healthy:]} if keep_healthy > 0 else set())
+        for n, old in checkpoints(out)[: -ts.cfg.keep_checkpoints]:
+            if n not in spared:
+                shutil.rmtree(old, ignore_errors=True)
     acc.wait_for_everyone()  # no process goes on (or reads the folder) before it is complete
     return path
+
+
+HEALTHY_MARK = "healthy"
+"""A checkpoint folder holding this file was found healthy by the collapse guard (no event in
+the steps after it; train/stability.py); it records the step of that verdict."""
+
+
+def mark_healthy(path: Path, verdict_step: int) -> None:
+    """Mark checkpoint ``path`` healthy (a no-op when the folder is gone)."""
+    if path.is_dir():
+        (path / HEALTHY_MARK).write_text(json.dumps({"verdict_step": verdict_step}) + "\n")
+
+
+def healthy_checkpoints(out: Path) -> list[tuple[int, Path]]:
+    """Complete checkpoints marked healthy, oldest first."""
+    return [(n, p) for n, p in checkpoints(out) if (p / HEALTHY_MARK).is_file()]
+
+
+def drop_checkpoints_after(out: Path, step: int) -> None:
+    """Remove every checkpoint of a step after ``step`` (a rollback to ``step`` abandons
+    them: a later --resume must not continue the collapsed run)."""
+    for n, path in _step_dirs(out):
+        if n > step:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def read_state(path: Path) -> dict[str, Any]:

@@ -131,7 +131,11 @@ class TrainConfig(Record):
     logp mismatch, format failures); events go to OUT/guard.jsonl."""
     on_collapse: str = "warn"
     """What a guard event does: warn, stop, or rollback (to the newest healthy checkpoint, skipping
-    the batch, with a lower lr). Non-finite values always stop."""
+    the batch, with a lower lr). A non-finite value stops under warn too."""
+
+    merge_lora: bool = False
+    """LoRA: also write OUT/final/merged, a plain HF folder with the LoRA merged in (full weights, for
+    vLLM and transformers); OUT/final stays the adapter (resume, eval)."""
 
     preset: str | None = None
     """search-r1, zerosearch, dspo or drzero-solver: the papers' settings; flags override [none]."""
@@ -224,6 +228,15 @@ def resolve_config(cfg: TrainConfig) -> TrainConfig:
     values = {key: getattr(acfg, key, None) for key in RESOLVED_FIELDS}
     low, high = values["clip_eps_low"], values["clip_eps_high"]
     return dataclasses.replace(with_reward, **values, clip_eps=low if low is not None and low == high else None)
+
+
+def with_later_options(saved: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's recorded config plus the options added to zsearch since it was written,
+    at the values that run used without naming them (their defaults; ``loss_agg``: its
+    algorithm's), so ``--resume`` compares like with like instead of refusing every checkpoint
+    of an older version."""
+    implicit = resolve_config(TrainConfig(algo=saved.get("algo", "grpo"))).to_dict()
+    return {**{k: v for k, v in implicit.items() if k not in saved}, **saved}
 
 
 def resolved_dict(cfg: TrainConfig, num_processes: int = 1) -> dict[str, Any]:

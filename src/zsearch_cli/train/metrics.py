@@ -21,7 +21,8 @@ if TYPE_CHECKING:  # `zsearch plot` reads metrics without importing torch
 PLOTTED = ("rollout/reward_mean", "rollout/em", "rollout/f1", "actor/kl_ref", "actor/entropy", "actor/clipfrac",
            "actor/grad_norm", "actor/lr", "rollout/response_length", "rollout/searches", "filter/kept_frac",
            "rollout/logp_mismatch", "critic/vf_loss", "search/noise_p", "val/em", "val/f1", "time/step",
-           "proposer/difficulty", "proposer/format_reward", "proposer/solver_k", "proposer/gate_pass")
+           "proposer/difficulty", "proposer/format_reward", "proposer/solver_k", "proposer/gate_pass",
+           "rollout/truncated_frac", "rollout/garbage_frac", "rollout/repeat_frac")
 """Curves ``zsearch plot`` draws, when the run logged them."""
 
 
@@ -185,7 +186,9 @@ def load_metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 def plot_metrics(run_dir: Path, out: Path | None = None, title: str | None = None) -> Path:
     """One PNG grid of the main curves (x = step) -> RUN_DIR/curves.png (or ``out``), under
-    ``title`` (default: the run folder's name), e.g. which model and task the run trained."""
+    ``title`` (default: the run folder's name), e.g. which model and task the run trained.
+    Collapse-guard events (RUN_DIR/guard.jsonl) are marked on every panel: a dashed red line
+    at each event's step, a solid purple one where the run rolled back."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -194,6 +197,17 @@ def plot_metrics(run_dir: Path, out: Path | None = None, title: str | None = Non
 
     rows = load_metrics(run_dir)
     steps = [r["step"] for r in rows]
+    marks: dict[int, str] = {}  # step -> the guard's action there (a rollback wins)
+    guard_log = Path(run_dir) / "guard.jsonl"
+    if guard_log.is_file():
+        for line in guard_log.read_text(encoding="utf-8").splitlines():
+            try:
+                event = json.loads(line)
+                step, action = int(event["step"]), str(event.get("action", "warn"))
+            except (ValueError, KeyError, TypeError):
+                continue  # a line cut by a killed run
+            if marks.get(step) != "rollback":
+                marks[step] = action
     names = [n for n in PLOTTED if any(r.get(n) is not None for r in rows)]
     cols = 3
     nrows = max(1, -(-len(names) // cols))
@@ -201,6 +215,10 @@ def plot_metrics(run_dir: Path, out: Path | None = None, title: str | None = Non
     for ax, name in zip(axes.flat, names):
         pts = [(s, r.get(name)) for s, r in zip(steps, rows) if r.get(name) is not None]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="." if len(pts) < 30 else None)
+        for step, action in marks.items():
+            rollback = action == "rollback"
+            ax.axvline(step, color="purple" if rollback else "red", linestyle="-" if rollback else "--",
+                       linewidth=1.0, alpha=0.6)
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("step", fontsize=8)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers

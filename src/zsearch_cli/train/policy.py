@@ -46,6 +46,37 @@ def base_reference(name: str) -> str:
     return str(Path(resolve_model_path(name)).resolve())
 
 
+_HUB_SNAPSHOT = re.compile(r"models--([^/]+)--([^/]+)/snapshots/([0-9a-f]{7,})/?$")
+
+
+def portable_base(name: str) -> tuple[str, str | None, bool]:
+    """(portable name, fingerprint, resolvable) of a base model: an alias stays the alias,
+    a hub id stays the id, a folder of the hub cache becomes its ``org/name`` and the
+    dequantized smollm2 cache its alias; any other folder can only be named by its folder
+    name (``resolvable`` False: a copy elsewhere needs that folder, or a merged export).
+    The fingerprint is protocol.py's model revision: the hub commit, or ``sha256s:`` of
+    the weights. Never an absolute path."""
+    from zsearch_cli.models.loading import smollm2_cache_path
+    from zsearch_cli.protocol import model_identity
+
+    def fingerprint(model: str) -> str | None:
+        _, revision, adapter = model_identity(model)  # an adapter base: the adapter's own
+        return adapter.rpartition("@")[2] if adapter else revision
+
+    path = Path(name).expanduser()
+    if not path.exists() and (path.is_absolute() or name.startswith(("./", "../")) or name.count("/") > 1):
+        return path.name, None, False  # a folder of another machine, or gone
+    if name in ALIASES or not path.exists():
+        return name, fingerprint(name), True
+    real = path.resolve()
+    if real == smollm2_cache_path().resolve():
+        return ALIASES[0], fingerprint(str(real)), True
+    hub = _HUB_SNAPSHOT.search(real.as_posix())
+    if hub:
+        return f"{hub.group(1)}/{hub.group(2)}", hub.group(3), True
+    return real.name, fingerprint(str(real)), False
+
+
 def disable_dropout(model: nn.Module) -> None:
     """Dropout off everywhere (as TRL's RL trainers do): the ratio π_θ/π_old and the KL compare
     two forwards of the same weights, which random dropout masks would make differ."""
@@ -203,8 +234,22 @@ def save_policy(model: Any, tokenizer: Any, path: Path, base: str,
         data = json.loads(cfg_path.read_text())
         data["base_model_name_or_path"] = base_reference(base)
         cfg_path.write_text(json.dumps(data, indent=2) + "\n")
-        if base in ALIASES:  # the cache folder above is this machine's; the alias is portable
-            (path / BASE_FILE).write_text(json.dumps({"base": base}) + "\n")
+        # the folder above is this machine's; the portable name and fingerprint travel
+        # (the alias, the hub id; models/loading.py adapter_base reads them)
+        name, fingerprint, _ = portable_base(base)
+        (path / BASE_FILE).write_text(json.dumps({"base": name, "fingerprint": fingerprint}) + "\n")
+
+
+def save_merged(final: Path, cfg: Any) -> Path | None:
+    """``--merge-lora`` of train / solve / propose: beside the adapter in OUT/final, write
+    OUT/final/merged (full weights, the LoRA merged in: a plain HF folder for vLLM and
+    transformers), as ``zsearch sft --merge-lora`` does; None for a full fine-tune or
+    without the option. Main process only."""
+    if not (getattr(cfg, "merge_lora", False) and cfg.lora_r > 0):
+        return None
+    from zsearch_cli.models.loading import merged_lora_dir
+
+    return Path(merged_lora_dir(str(final)))
 
 
 @contextlib.contextmanager

@@ -37,20 +37,23 @@ from zsearch_cli.train.checkpoint import (atomic_dir, check_resumable,
                                           full_model_state, latest_checkpoint, load_training_state, read_state,
                                           save_checkpoint, TrainingState)
 from zsearch_cli.train.step_samples import BatchRewardFn, RewardFn, Sample, sample_step
-from zsearch_cli.train.config import TrainConfig, check_config, check_even_shards, get_spec, resolve_config, resolved_dict, search_options
+from zsearch_cli.train.config import (TrainConfig, check_config, check_even_shards, get_spec, resolve_config, resolved_dict,
+                                     search_options, with_later_options)
 from zsearch_cli.train.sampler import PromptSampler, load_rows
 from zsearch_cli.train.metrics import (MetricsLog, average_over_processes, check_logp_mismatch, console_line,
                                       step_metrics)
 from zsearch_cli.train.policy import (generation_backend, load_critic, load_policy, load_reference,
-                                      merged_weights, save_policy, sync_generation_copy, unsharded_loading)
+                                      merged_weights, save_merged, save_policy, sync_generation_copy,
+                                      unsharded_loading)
 from zsearch_cli.train.optim import make_optimizer
+from zsearch_cli.train.stability import KEEP_HEALTHY, Stability
 from zsearch_cli.train.update import (StepModels, advantages, optimize, rollout_tensors, sample_advantages,
                                       step_batch)
 from zsearch_cli.train.validation import Validator
 
 RESUME_MAY_CHANGE = {"steps", "save_every", "keep_checkpoints", "resume", "report_to", "save_rollouts", "out",
                      "device", "backend", "preset", "val_data", "val_every", "val_limit", "val_search",
-                     "val_allow_sim", "rollout_mode", "search_concurrency"}
+                     "val_allow_sim", "rollout_mode", "search_concurrency", "guard", "on_collapse", "merge_lora"}
 """Options that may differ between a run and its --resume; any other change is refused."""
 
 SYNC_PROBE = ("Question: who wrote the novel pride and prejudice? <think> I need to search. </think> "
@@ -122,6 +125,8 @@ class Trainer:
             self.validator.attach(self.generation, self.search, self.accelerator, cfg.batch_size * cfg.group_size)
         self.metrics = MetricsLog(Path(cfg.out), resolved_dict(cfg, self.accelerator.num_processes), self.accelerator,
                                   self.accelerator.is_main_process)
+        self.stability = (Stability(cfg.out, cfg.on_collapse, self.console, self.accelerator.is_main_process,
+                                    self.metrics.config) if cfg.guard else None)  # the collapse guard (stability.py)
         self.start_step = 0
         self.overlap = None  # --rollout-overlap: the stream and the rows drawn ahead, while train() runs
         if resume_dir is not None:
@@ -129,6 +134,8 @@ class Trainer:
                                         note=lambda text: self.console.print(f"[yellow]{text}[/]", soft_wrap=True))
             self.start_step = int(state["step"])
             self.metrics.restore(state["metrics"])
+            if self.stability is not None:
+                self.stability.load_state(state.get("guard"), self.start_step)
             if self.accelerator.is_main_process:
                 self.console.print(f"resuming from {resume_dir} (step {self.start_step}/{cfg.steps})", soft_wrap=True)
         else:
@@ -174,7 +181,7 @@ class Trainer:
             raise ZsearchError(f"{self.cfg.out} already holds checkpoints (latest {latest.name}): "
                                "pass --resume to continue that run, or choose another --out")
         check_resumable(latest, self.accelerator)
-        changed = differing(read_state(latest)["config"], self.cfg.to_dict(), RESUME_MAY_CHANGE)
+        changed = differing(with_later_options(read_state(latest)["config"]), self.cfg.to_dict(), RESUME_MAY_CHANGE)
         if changed:
             raise ZsearchError(f"--resume: options differ from the run in {self.cfg.out} ({', '.join(changed)}); "
                                "pass the same options or choose another --out")
@@ -294,6 +301,8 @@ class Trainer:
                  **{f"search/{k}": v for k, v in self.search.metrics().items()}, **collected.reward_metrics}
         extra.update(validation)  # val/em, val/f1, val/subem of the updated policy
         row = self._reduce(step_metrics(step, collected, update, extra))
+        if self.stability is not None:  # adds guard/events and guard/rollbacks, logs events, decides
+            self.stability.observe(step, row)
         if cfg.save_rollouts:
             self._save_rollouts(step, collected.samples)
         self.metrics.log(row)
@@ -331,12 +340,17 @@ class Trainer:
     def training_state(self) -> TrainingState:
         """What a checkpoint saves and restores (train/checkpoint.py)."""
         return TrainingState(self.accelerator, self.cfg, self.policy, self.tokenizer, self.optimizer, self.scheduler,
-                             self.overlap or self.data, self.metrics.rows, self.critic, self.critic_optimizer, self.critic_scheduler)
+                             self.overlap or self.data, self.metrics.rows, self.critic, self.critic_optimizer, self.critic_scheduler,
+                             self.stability.state_dict() if self.stability is not None else None)
 
     def checkpoint(self, completed: int) -> Path:
         """Save OUT/checkpoints/step-``completed`` and the Parquet metrics. Every process calls
         it (FSDP / ZeRO-3 shards are gathered); the main process writes."""
-        path = save_checkpoint(self.training_state(), completed)
+        guard = self.stability
+        path = save_checkpoint(self.training_state(), completed, guard.protected() if guard else (),
+                               KEEP_HEALTHY if guard else 0)
+        if guard is not None:
+            guard.saved(completed)
         if self.accelerator.is_main_process:
             self.metrics.write_parquet()
         return path
@@ -350,6 +364,7 @@ class Trainer:
         if acc.is_main_process:
             atomic_dir(final, lambda tmp: save_policy(acc.unwrap_model(self.policy), self.tokenizer, tmp,
                                                       self.cfg.model, state))
+            save_merged(final, self.cfg)  # --merge-lora: OUT/final/merged
         acc.wait_for_everyone()  # OUT/final is complete before any process returns it
         return final
 
@@ -388,11 +403,19 @@ class Trainer:
         cfg = self.cfg
         with Progress(*columns, console=self.console, disable=not show) as bar:
             task = bar.add_task("train", total=cfg.steps, completed=self.start_step, algo=cfg.algo, reward="-", sps="-")
-            for step in range(self.start_step + 1, cfg.steps + 1):  # 1-based; start_step steps are done
+            step = self.start_step  # 1-based; start_step steps are done
+            while step < cfg.steps:
+                step += 1
                 row = self.train_step(step)
                 bar.update(task, advance=1, reward=f"{row['rollout/reward_mean']:.3f}", sps=f"{row['time/step']:.1f}")
                 if show:
                     bar.console.print(console_line(row, cfg.steps), highlight=False, soft_wrap=True)
+                if self.stability is not None and self.stability.decision is not None:
+                    back = self.stability.act(self, step, self.metrics)  # a stop raises
+                    if back is not None:  # rolled back to checkpoint `back`: go on from there
+                        step = back
+                        bar.update(task, completed=back)
+                        continue
                 if cfg.save_every and step % cfg.save_every == 0:
                     self.checkpoint(step)
 

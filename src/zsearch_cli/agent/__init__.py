@@ -1,0 +1,1 @@
+"""A trained search agent behind an OpenAI-compatible chat API (``zsearch agent serve``)."""
