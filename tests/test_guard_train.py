@@ -61,7 +61,7 @@ def collapsing_reward(monkeypatch):
 
 
 def test_stop_ends_a_planted_collapse_with_a_one_line_report(tmp_path, tiny_model_dir, demo_index, collapsing_reward):
-    out = tmp_path / "run"
+    out = tmp_path / "planted-collapse"  # tests/conftest.py: an expected alarm
     result = runner.invoke(app, _args(out, tiny_model_dir, demo_index, 16, "--on-collapse", "stop"))
     text = _one_line(result.output)
     # Fails if the guard missed the collapse (exit 0 after 16 steps) or the report is not one error line.
@@ -89,7 +89,7 @@ def test_stop_ends_a_planted_collapse_with_a_one_line_report(tmp_path, tiny_mode
 
 
 def test_warn_logs_the_collapse_and_finishes(tmp_path, tiny_model_dir, demo_index, collapsing_reward):
-    out = tmp_path / "run"
+    out = tmp_path / "planted-collapse"  # tests/conftest.py: an expected alarm
     result = runner.invoke(app, _args(out, tiny_model_dir, demo_index, 13))  # default: --on-collapse warn
     assert result.exit_code == 0, result.output
     events = _events(out)
@@ -105,7 +105,7 @@ def test_a_nan_stops_even_under_warn(tmp_path, tiny_model_dir, demo_index, monke
     import zsearch_cli.train.step_samples as collect
 
     monkeypatch.setattr(collect, "trajectory_reward", lambda *a, **k: float("nan"))
-    out = tmp_path / "run"
+    out = tmp_path / "planted-collapse"  # tests/conftest.py: an expected alarm
     result = runner.invoke(app, _args(out, tiny_model_dir, demo_index, 4))  # warn
     text = _one_line(result.output)
     # Fails if the NaN went unnoticed (exit 0) or a warn let it through.
@@ -146,7 +146,7 @@ def test_rollback_restores_the_healthy_checkpoint_halves_the_lr_and_finishes(tmp
     from zsearch_cli.train.stability import Stability
     from zsearch_cli.train.trainer import Trainer
 
-    out = tmp_path / "run"
+    out = tmp_path / "planted-collapse"  # tests/conftest.py: an expected alarm
     steps, onset = 18, 12
     cfg = TrainConfig(algo="grpo", model=str(tiny_model_dir), index=demo_index, steps=steps, batch_size=2,
                       group_size=2, max_turns=2, max_turn_tokens=12, device="cpu", lr=1e-3, out=out, save_every=1,
@@ -226,7 +226,7 @@ def test_rollback_restores_the_healthy_checkpoint_halves_the_lr_and_finishes(tmp
 
 
 def test_rollback_without_a_healthy_checkpoint_stops(tmp_path, tiny_model_dir, demo_index, collapsing_reward):
-    out = tmp_path / "run"
+    out = tmp_path / "planted-collapse"  # tests/conftest.py: an expected alarm
     # one checkpoint every 50 steps: none exists when the collapse comes
     result = runner.invoke(app, _args(out, tiny_model_dir, demo_index, 16, "--on-collapse", "rollback", save_every=50))
     text = _one_line(result.output)

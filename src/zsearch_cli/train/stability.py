@@ -70,6 +70,10 @@ class Stability:
         self.pending: list[int] = []  # checkpoints (steps) awaiting their verdict (rollback mode)
         self.healthy: list[int] = []  # checkpoints found healthy, oldest first (the newest KEEP_HEALTHY)
         self.decision: tuple[str, list[GuardEvent]] | None = None  # the last observed step's
+        self.closest: dict[str, float] = {}
+        """Per ``check:metric``, the closest any step of this run came to firing (1 = fires): the
+        run's margin to each threshold, recorded in the metadata (docs/stability.md)."""
+        self.observed = 0
         self.record = record  # the metrics' config dict: its METADATA_KEY entry goes into metrics.parquet
         self._update_record()
 
@@ -79,6 +83,11 @@ class Stability:
         """Check ``row`` (step ``step``), fill its ``guard/`` columns, log its events and
         decide what to do (``self.decision``; :meth:`act` does it)."""
         events = self.guard.observe(step, row)
+        self.observed += 1
+        for name, value in self.guard.closeness.items():
+            if value == value and value > self.closest.get(name, float("-inf")):  # NaN never counts
+                self.closest[name] = round(float(value), 4)
+        self._update_record()
         row["guard/events"] = float(len(events))
         row["guard/rollbacks"] = float(len(self.rollbacks))
         self.decision = None
@@ -238,7 +247,9 @@ class Stability:
         self._update_record()
 
     def _update_record(self) -> None:
-        self.record[METADATA_KEY] = {"on_collapse": self.mode, "events": self.events, "rollbacks": self.rollbacks}
+        self.record[METADATA_KEY] = {"on_collapse": self.mode, "events": self.events, "rollbacks": self.rollbacks,
+                                     "steps_observed": getattr(self, "observed", 0),
+                                     "closest": dict(getattr(self, "closest", {}))}
 
 
 # ---------------------------------------------------------------------- helpers
