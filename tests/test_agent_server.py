@@ -306,7 +306,7 @@ def test_agent_serve_options_are_declared_fields():
 
     cmd = typer.main.get_command(app).commands["agent"].commands["serve"]
     options = {o.param: o for o in agent_serve.options.values()}
-    params = {p.name: p for p in cmd.params if p.name not in ("config", "help")}
+    params = {p.name: p for p in cmd.params if p.name not in ("config", "print_config", "help")}
     assert {"model", "search", "index_dir", "backend", "port", "host", "max_concurrent", "seed",
             "max_turn_tokens", "temperature", "top_p"} <= set(params)
     for name, p in params.items():

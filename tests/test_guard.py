@@ -102,8 +102,9 @@ PLANTED = [  # (check, metric, collapsed value from ONSET on, steps after onset 
     ("entropy_collapse", "actor/entropy", 0.1, 4),  # (0.9 + 0.1*4)/5 = 0.26 < 0.3 at k=4
     ("garbage", "rollout/garbage_frac", 0.2, 0),  # 0.2/5 = 0.04 > 0.01 on the first step
     ("garbage", "rollout/repeat_frac", 0.9, 2),  # (0.1*3 + 0.9*2)/5 = 0.42 > 0.3 at k=2
-    ("kl_spike", "actor/kl_ref", 0.5, 0),
-    ("grad_spike", "actor/grad_norm", 40.0, 0),
+    ("kl_spike", "actor/kl_ref", 3.0, 0),  # raw: 3 nats > max(1, 5 x b) on the first step
+    ("grad_spike", "actor/grad_norm", 80.0, 0),  # raw: 80 > 100 x ~0.44 on the first step
+    ("grad_blowup", "actor/grad_norm", 15.0, 1),  # under 100x; mean (0.44*3 + 15*2)/5 = 6.3 > 4.4 at k=1
     ("logp_mismatch", "rollout/logp_mismatch", 0.1, 0),
     ("format_failure", "rollout/invalid", 2.0, 2),  # (0.15*3 + 2*2)/5 = 0.89 > 0.65 at k=2
     ("format_failure", "rollout/answered", 0.2, 2),  # (0.9*3 + 0.2*2)/5 = 0.62 < 0.65 at k=2
@@ -176,12 +177,13 @@ def test_nonfinite_fires_at_step_one_even_in_warmup():
 
 
 def test_no_check_before_warmup():
-    # a 100x grad norm on step 3 is within warmup (the baseline has 2 values): no event;
-    # the same spike after warmup fires
+    # a 160x grad norm on step 3 is within warmup (the baseline has 2 values): no event;
+    # the same spike after warmup fires (one step over 100x the median 0.5; and the 5-step
+    # mean (0.4 + 80 + 0.5 + 0.45 + 80)/5 = 32 is over 10x it too)
     guard = CollapseGuard(GuardConfig(warmup_steps=5))
-    for step, g in enumerate([0.5, 0.4, 50.0, 0.5, 0.45], start=1):
+    for step, g in enumerate([0.5, 0.4, 80.0, 0.5, 0.45], start=1):
         assert guard.observe(step, {"actor/grad_norm": g}) == []
-    assert [e.check for e in guard.observe(6, {"actor/grad_norm": 50.0})] == ["grad_spike"]
+    assert [e.check for e in guard.observe(6, {"actor/grad_norm": 80.0})] == ["grad_spike", "grad_blowup"]
 
 
 def test_missing_and_none_metrics_are_skipped():
@@ -257,3 +259,23 @@ def test_repeat_frac_hand_values():
         repeat_frac([[1]], n=0)
     assert text_metrics(["abc\x00"], [[7] * 10]) == {"rollout/garbage_frac": 0.25,
                                                       "rollout/repeat_frac": pytest.approx(6 / 7)}
+
+
+def test_precursors_wait_while_the_reward_improves():
+    # A 160x grad norm (its 5-step mean 33x), 6x entropy and a 3-nat KL while the reward's 5-step mean is 0.3 above
+    # its median (a small policy finding the reward, as in the suite's learning runs): no
+    # event. The same values with the reward flat: all three fire. The reward's own checks
+    # never wait.
+    def rows(reward_after: float) -> list[dict]:
+        out = []
+        for step in range(1, 31):
+            spike = step >= 26
+            out.append({"step": step, "rollout/reward_mean": 0.1 if step < 22 else reward_after,
+                        "actor/grad_norm": 80.0 if spike else 0.5, "actor/entropy": 3.0 if spike else 0.5,
+                        "actor/kl_ref": 3.0 if spike else 0.01})
+        return out
+
+    _, climbing = run(rows(0.4))
+    assert climbing == []
+    _, flat = run(rows(0.1))
+    assert {e.check for e in flat if e.step == 26} == {"grad_spike", "grad_blowup", "entropy_spike", "kl_spike"}

@@ -28,7 +28,7 @@ def _commands():
 def test_every_typer_option_maps_to_exactly_one_dataclass_field():
     seen = 0
     for name, cmd, options in _commands():
-        params = [p.name for p in cmd.params if p.name not in ("config", "help")]
+        params = [p.name for p in cmd.params if p.name not in ("config", "print_config", "help")]
         by_param = {}
         for opt in options.values():
             assert opt.param not in by_param, f"{name}: --{opt.param} is two fields"

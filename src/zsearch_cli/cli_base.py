@@ -20,6 +20,7 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from zsearch_cli.errors import ZsearchError, install_log_redaction, one_line
+from zsearch_cli.progress import Stopped
 from zsearch_cli.ranges import ANY, range_for
 
 try:  # recent typer ships its own copy of click
@@ -33,6 +34,11 @@ err_console = Console(stderr=True)
 install_log_redaction()  # every command imports this module: no log line shows a secret
 
 CONFIG_FILE = "zsearch.config_file"
+CONFIG_ALIASES: dict[str, dict[str, str]] = {}
+"""Per command (:func:`command_key`): extra config-file keys -> parameter name (a field's name
+when its flag differs, as ``algo_args`` for ``--algo-arg``: the name older metadata recorded)."""
+ARGV: list[str] = []
+"""The command line of the running ``zsearch`` command (for the header of OUT/config.yaml)."""
 CONFIG_KEYS = "zsearch.config_keys"
 """``ctx.meta`` keys: the ``--config`` file and, per parameter, the key it was given as."""
 
@@ -70,6 +76,12 @@ def _config_callback(ctx: typer.Context, param: Any, value: Optional[Path]) -> O
         for opt in getattr(p, "opts", []):
             if opt.startswith("--"):
                 aliases[opt[2:].replace("-", "_")] = p.name
+    for key, name in CONFIG_ALIASES.get(command_key(ctx), {}).items():
+        aliases.setdefault(key, name)
+    multiple = {p.name for p in ctx.command.params if getattr(p, "multiple", False)}
+    for key, v in list(options.items()):  # {baseline: rloo} (older metadata) -> ["baseline=rloo"]
+        if isinstance(v, dict) and aliases.get(key) in multiple:
+            options[key] = [f"{k}={_scalar(x)}" for k, x in v.items()]
     unknown = sorted(k for k in options if k not in aliases)
     if unknown:
         raise typer.BadParameter(f"{value}: unknown option(s) for '{ctx.info_name}': {', '.join(unknown)}")
@@ -77,6 +89,11 @@ def _config_callback(ctx: typer.Context, param: Any, value: Optional[Path]) -> O
     ctx.meta[CONFIG_FILE] = value
     ctx.meta[CONFIG_KEYS] = {aliases[raw.replace("-", "_")]: raw for raw in _raw_keys(value)}
     return value
+
+
+def _scalar(value: Any) -> str:
+    """A value as the YAML scalar text ``KEY=VALUE`` options read back (``False`` -> ``false``)."""
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
 def _raw_keys(path: Path) -> list[str]:
@@ -138,6 +155,10 @@ class OneLineErrors(TyperGroup):
 
     def main(self, args: Any = None, prog_name: Any = None, complete_var: Any = None,
              standalone_mode: bool = True, **extra: Any) -> Any:
+        from zsearch_cli.progress import quiet_third_party
+
+        ARGV[:] = [str(a) for a in (sys.argv[1:] if args is None else args)]
+        quiet_third_party()  # in a log file, no tqdm bars from transformers / huggingface_hub
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
@@ -186,9 +207,17 @@ ConfigOption = typer.Option(
 )
 
 
+PrintConfigOption = typer.Option(
+    False,
+    "--print-config",
+    help="Print the resolved options as YAML (what OUT/config.yaml records; --config reads it) and exit.",
+)
+
+
 def resolved_options(ctx: typer.Context) -> dict[str, Any]:
     """The command's fully resolved options (after YAML and flags), JSON-friendly."""
-    return {k: (str(v) if isinstance(v, Path) else v) for k, v in ctx.params.items() if k != "config"}
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in ctx.params.items()
+            if k not in ("config", "print_config")}
 
 
 def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -203,8 +232,81 @@ def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except ZsearchError as err:
             print_error(str(err))
             raise typer.Exit(2) from None
+        except Stopped as stop:  # SIGTERM / SIGINT: one line, resumable state, 128 + signal
+            _print_line(str(stop))
+            sys.exit(stop.code)
         except KeyboardInterrupt:
             err_console.print("[yellow]interrupted[/]")
             sys.exit(130)
 
     return wrapper
+
+
+def _print_line(text: str) -> None:
+    try:
+        sys.stderr.write(one_line(text) + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
+
+
+# ----------------------------------------------------------------------------- OUT/config.yaml
+
+RUN_CONFIG = "config.yaml"
+
+
+def config_yaml(values: dict[str, Any]) -> str:
+    """The resolved options as a YAML mapping that ``--config`` accepts as is (parameter names
+    as keys, paths as strings, tuples as lists)."""
+    def plain(v: Any) -> Any:
+        if isinstance(v, Path):
+            return str(v)
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {str(k): plain(x) for k, x in v.items()}
+        return v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
+
+    return yaml.safe_dump({k: plain(v) for k, v in values.items()}, sort_keys=False, default_flow_style=False)
+
+
+def write_run_config(out: Path, body: str, command: str) -> Optional[tuple[Path, Optional[str], bool]]:
+    """Write OUT/config.yaml atomically: a comment header (version, command line), then
+    ``body``. Returns what :func:`restore_run_config` needs to undo it."""
+    import os
+    import shlex
+
+    from zsearch_cli import __version__
+    from zsearch_cli.errors import redact
+
+    out = Path(out)
+    created = not out.exists()
+    path = out / RUN_CONFIG
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        previous = path.read_text(encoding="utf-8") if path.is_file() else None
+        header = (f"# zsearch {__version__}: the resolved options of this run; rerun it with\n"
+                  f"#   zsearch {command} --config {path}\n"
+                  f"# command line: {redact(shlex.join(['zsearch', *ARGV]))}\n")
+        tmp = out / f".{RUN_CONFIG}.{os.getpid()}.tmp"
+        tmp.write_text(header + body, encoding="utf-8")
+        tmp.replace(path)
+    except OSError as err:
+        raise ZsearchError(f"{path}: cannot write the run's config ({err.strerror})") from None
+    return path, previous, created
+
+
+def restore_run_config(record: Optional[tuple[Path, Optional[str], bool]]) -> None:
+    """Undo :func:`write_run_config` (the command refused to run: the folder's run is unchanged)."""
+    if record is None:
+        return
+    path, previous, created = record
+    try:
+        if previous is not None:
+            path.write_text(previous, encoding="utf-8")
+        else:
+            path.unlink(missing_ok=True)
+            if created and not any(path.parent.iterdir()):
+                path.parent.rmdir()
+    except OSError:
+        pass

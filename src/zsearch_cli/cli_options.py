@@ -30,7 +30,10 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from zsearch_cli.cli_base import ConfigOption, one_line_errors
+from zsearch_cli.errors import ZsearchError
+from zsearch_cli.progress import StopSignals
+from zsearch_cli.cli_base import (CONFIG_ALIASES, ConfigOption, PrintConfigOption, config_yaml, one_line_errors,
+                                 restore_run_config, write_run_config)
 from zsearch_cli.ranges import (ANY, AT_LEAST_0, AT_LEAST_1, FRACTION, INF, POSITIVE, RANGES,  # noqa: F401 (declarations import them here)
                                 Range, range_for)
 
@@ -180,6 +183,7 @@ def command(*classes: type, name: str, only: tuple[str, ...] | None = None, excl
     by_param = {o.param: o for o in opts.values()}
     RANGES[name] = {o.param: (ranges or {}).get(o.name, o.range) for o in opts.values()
                     if (ranges or {}).get(o.name, o.range) is not None}
+    CONFIG_ALIASES[name] = {o.name: o.param for o in opts.values() if o.name != o.param}
 
     def decorate(run: Callable[..., Any]) -> Callable[..., Any]:
         params = [inspect.Parameter("ctx", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=typer.Context)]
@@ -196,15 +200,35 @@ def command(*classes: type, name: str, only: tuple[str, ...] | None = None, excl
         if config_file:
             params.append(inspect.Parameter("config", inspect.Parameter.POSITIONAL_OR_KEYWORD,
                                             default=ConfigOption, annotation=Optional[Path]))
+            params.append(inspect.Parameter("print_config", inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                            default=PrintConfigOption, annotation=bool))
 
         def callback(ctx: typer.Context, **values: Any) -> Any:
             values.pop("config", None)
+            print_config = values.pop("print_config", False)
             given = {}
             for param, value in values.items():
                 o = by_param[param]
                 if user_set(ctx, param):
                     given[o.name] = o.convert(value) if o.convert else value
-            return run(ctx, given)
+            if not config_file:
+                return run(ctx, given)
+            body = config_yaml(recorded_options(ctx, values, given, by_param, defaults))
+            if print_config:
+                typer.echo(body, nl=False)
+                return None
+            out = values.get("out")
+            record = None
+            if name in RUN_FOLDERS and out is not None and Path(out).suffix not in FILE_SUFFIXES:
+                record = write_run_config(Path(out), body, name)
+            try:
+                if name not in STOP_ON_SIGNAL:
+                    return run(ctx, given)
+                with StopSignals(immediate=STOP_ON_SIGNAL[name] == "now"):
+                    return run(ctx, given)
+            except ZsearchError:  # refused before any work: the folder keeps its own run's config
+                restore_run_config(record)
+                raise
 
         callback.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
         callback.__annotations__ = {p.name: p.annotation for p in params}
@@ -216,6 +240,37 @@ def command(*classes: type, name: str, only: tuple[str, ...] | None = None, excl
         return one_line_errors(callback)
 
     return decorate
+
+
+RUN_FOLDERS = {"train", "eval", "sft", "simsft", "collect", "judge", "solve", "propose", "drzero"}
+"""Commands whose ``--out`` is a run folder: they write OUT/config.yaml at the start (a
+``--out`` naming a file, as ``propose --generate-only``'s, gets none)."""
+
+
+FILE_SUFFIXES = {".parquet", ".jsonl", ".json", ".gz", ".csv", ".txt"}
+
+
+STOP_ON_SIGNAL = {"train": "between steps", "solve": "between steps", "eval": "now"}
+"""Commands that turn SIGTERM / SIGINT into one line and resumable state (progress.py):
+training stops between two steps (checkpointing when due), eval at once (its rows are written
+after every batch)."""
+
+
+def recorded_options(ctx: Any, values: dict[str, Any], given: dict[str, Any], by_param: dict[str, Option],
+                     defaults: dict[str, Any] | None) -> dict[str, Any]:
+    """What OUT/config.yaml and ``--print-config`` hold: every option's resolved value by
+    parameter name (what ``--config`` reads back), except those left to a preset (the
+    command's own, or ``--preset``'s) that the user did not set: replaying the file then
+    applies the preset the same way (its simulator-only keys included)."""
+    from zsearch_cli.presets import preset_values
+
+    try:
+        preset = set(preset_values(given.get("preset"))) if given.get("preset") else set()
+    except ZsearchError:
+        preset = set()
+    preset |= set(defaults or {})
+    return {param: value for param, value in values.items()
+            if user_set(ctx, param) or (by_param[param].name not in preset and value is not None)}
 
 
 def build(cls: type, given: dict[str, Any], **fixed: Any) -> Any:

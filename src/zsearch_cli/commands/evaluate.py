@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -47,6 +48,7 @@ from zsearch_cli.data.qa import (
     split_groups,
 )
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.progress import ProgressLines, Stopped, active_stop, heartbeat
 from zsearch_cli.options import EvalOptions
 from zsearch_cli.prompts.baselines import COT_PROMPT, DIRECT_PROMPT, RAG_PROMPT
 from zsearch_cli.protocol import METRIC_VERSION, RESUME_FIELDS, Protocol, build_protocol, differing, file_fingerprint
@@ -233,9 +235,11 @@ def evaluate(opts: EvalOptions, config: dict[str, Any]) -> list[dict[str, Any]]:
         existing = dataset_dir(opts.out, d.key) / f"{opts.method}.examples.parquet"
         if existing.exists():
             check_reusable(existing, config, protocols[d.key])
-    engine, search = _build_engine(opts)
+    with heartbeat("eval", f"loading {opts.model}"):
+        engine, search = _build_engine(opts)
     summaries = []
-    for d, qa in qa_tables:
+    stop = active_stop()  # zsearch eval: SIGTERM / SIGINT raise Stopped at once; written rows stay
+    for k, (d, qa) in enumerate(qa_tables, 1):
         name, protocol = d.key, protocols[d.key]
         if opts.limit is not None:
             qa = qa.slice(0, opts.limit)
@@ -247,16 +251,37 @@ def evaluate(opts: EvalOptions, config: dict[str, Any]) -> list[dict[str, Any]]:
         todo = [QARow(r["id"], r["question"], r["golden_answers"]) for r in qa.to_pylist() if r["id"] not in done]
         if done:
             console.print(f"[dim]{name}: {len(done)} examples already scored, {len(todo)} to go[/]")
-        with Progress(TextColumn(f"eval {name} ({opts.method})"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), console=console, transient=True) as bar:
-            task = bar.add_task(name, total=len(todo))
-            for start in range(0, len(todo), opts.batch_size):
-                batch = todo[start : start + opts.batch_size]
-                _single_turn_prompts(opts.method, batch, search, opts.topk)
-                trajs = engine.rollout(batch, group_size=1, on_row_done=lambda n: bar.advance(task, n))
-                done_rows += example_rows(name, opts.method, trajs)
-                # after every batch: resumable
-                write_artifact(done_rows, out_examples, EVAL_EXAMPLE, config, protocol.as_dict())
+        wanted = set(qa.column("id").to_pylist())
+
+        def scored() -> list[dict[str, Any]]:
+            return [r for r in done_rows if r["id"] in wanted]
+
+        label = f"eval {name} ({opts.method}" + (f", dataset {k}/{len(qa_tables)})" if len(qa_tables) > 1 else ")")
+        written = len(scored())
+        lines = ProgressLines(label, qa.num_rows, "questions", done=written)  # plain lines in a log file
+        try:
+            with Progress(TextColumn(f"eval {name} ({opts.method})"), BarColumn(), MofNCompleteColumn(),
+                          TimeElapsedColumn(), console=console, transient=True) as bar, lines:
+
+                def row_done(n: int) -> None:
+                    bar.advance(task, n)
+                    lines.advance(n)
+
+                task = bar.add_task(name, total=len(todo))
+                for start in range(0, len(todo), opts.batch_size):
+                    batch = todo[start : start + opts.batch_size]
+                    _single_turn_prompts(opts.method, batch, search, opts.topk)
+                    trajs = engine.rollout(batch, group_size=1, on_row_done=row_done)
+                    done_rows += example_rows(name, opts.method, trajs)
+                    # after every batch: resumable (a signal waits for the file to be whole)
+                    with stop.deferred() if stop is not None else nullcontext():
+                        write_artifact(done_rows, out_examples, EVAL_EXAMPLE, config, protocol.as_dict())
+                    rows_now = scored()
+                    written = len(rows_now)
+                    lines.advance(0, em=sum(r["em"] for r in rows_now) / max(written, 1))
+        except Stopped as err:
+            raise Stopped(err.signum, f"eval: stopped by {err.name} after {written}/{qa.num_rows} questions "
+                                      f"of {name}; rerun the same command to resume") from None
         # The summary is of exactly the rows asked for now (an earlier, larger --limit may
         # have scored more), in the QA file's order.
         by_id = {r["id"]: r for r in done_rows}

@@ -112,13 +112,22 @@ def resolve_options(options: dict[str, Any] | None) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _progress(description: str, total: int) -> Iterator[Callable[[int], None]]:
-    """A rich progress bar on stderr; yields ``advance(n)``."""
+    """A rich progress bar on stderr, plain lines in a log file (progress.py); yields ``advance(n)``."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+    from zsearch_cli.progress import ProgressLines
+
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=err_console, transient=True) as progress:
+    unit = "postings" if "postings" in description else "docs"
+    with Progress(*columns, console=err_console, transient=True) as progress, \
+            ProgressLines(f"index: {description}", total, unit) as lines:
         task = progress.add_task(description, total=total)
-        yield lambda n: progress.advance(task, n)
+
+        def advance(n: int) -> None:
+            progress.advance(task, n)
+            lines.advance(n)
+
+        yield advance
 
 
 def _write_corpus(src: Path, dest: Path) -> tuple[int, str]:
@@ -230,7 +239,10 @@ def build_index(corpus: Path | None, out: Path, options: dict) -> Path:
     # from a concurrent live one.
     tmp = mkdtemp_like_mkdir(prefix=f".{out.name}.{os.getpid()}.", suffix=".tmp", dir=out.parent)  # mode as mkdir gives
     try:
-        n_docs, fingerprint = _write_corpus(src, tmp / CORPUS_FILE)
+        from zsearch_cli.progress import heartbeat
+
+        with heartbeat("index", f"reading the corpus {src}"):
+            n_docs, fingerprint = _write_corpus(src, tmp / CORPUS_FILE)
         manifest: dict[str, Any] = {
             "format": FORMAT, "zsearch_version": __version__,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -65,7 +65,21 @@ class GuardConfig:
     entropy_ratio: float = 3.0
     """entropy_spike: entropy (this step) above 3x b (gibberish: a near-uniform next token);
     entropy_collapse: smoothed entropy below b/3 (a mode collapse within a few dozen steps;
-    a healthy decline is slow and the baseline follows it)."""
+    a healthy decline is slow and the baseline follows it)..."""
+    entropy_spike_margin: float = 1.0
+    """...and at least 1 nat above b: gibberish from a real vocabulary has several nats per
+    token, while a small model that is learning swings between 0.2 and 0.9 nats (the suite's
+    DSPO learning run: 5.9x its baseline of 0.16, healthy)."""
+    entropy_drop_abs: float = 0.2
+    """...entropy_collapse also needs a drop of at least 0.2 nats: a ratio between two small
+    entropies is noise (the suite's warmed toy policies at 0.08-0.15 nats settle to 0.01-0.04
+    as they converge; a real policy at 0.5 nats falling to 0.15 has collapsed)."""
+    improving_margin: float = 0.05
+    """The precursor checks (entropy, KL and grad norm) stay quiet while the reward improves:
+    its 5-step mean more than 0.05 above its baseline. A policy that finds the reward moves
+    fast (the suite's learning runs: grad norms of 20-100x their median, entropy 6x, KL 15x,
+    all while the reward climbs); a collapse shows them with the reward flat or falling. The
+    margin is above a 5-step mean's noise at a plateau (~0.03), so there they stay armed."""
     garbage_abs: float = 0.01
     """garbage: smoothed garbage_frac above 1% of characters (healthy text has ~0)..."""
     garbage_ratio: float = 5.0
@@ -78,11 +92,21 @@ class GuardConfig:
     kl_ratio: float = 5.0
     """kl_spike: kl_ref (this step) above 5x b; KL to the reference grows slowly in a healthy
     run, so 5x of a 25-step-old median means a sudden jump..."""
-    kl_floor: float = 0.05
-    """...and above 0.05 nats per token (b is ~0 at the start, where any growth is a ratio)."""
+    kl_floor: float = 1.0
+    """...and above 1 nat per token: a policy that learns fast legitimately moves 0.1-0.5 nats
+    from its reference within tens of steps (the suite's GRPO learning run: 0.52 at 15x its
+    median), while a collapsed policy writing gibberish sits several nats away."""
     grad_ratio: float = 10.0
-    """grad_spike: grad_norm (this step) above 10x b; healthy grad norms are heavy-tailed
-    (single steps of 3-5x the median are common), collapse reports show 10-100x."""
+    """grad_blowup: the mean grad_norm of the last 5 steps above 10x b: a sustained blow-up.
+    Healthy grad norms are heavy-tailed: single steps of 20-40x the median occur when a small
+    policy finds the reward (the suite's learning runs), so one step alone is not enough..."""
+    grad_step_ratio: float = 100.0
+    """...grad_spike: one step above 100x b (collapse reports show 10-100x and more)..."""
+    grad_floor: float = 2.0
+    """...and both above 2 (grad_blowup) and 10 (grad_spike, 5x this) in absolute terms: the
+    pre-clip norm of a blow-up runs far past the default clip of 1.0, while a converged policy
+    whose median norm is ~0.04 (zero advantages almost everywhere) shows healthy steps of 100x
+    that median that are still below 4 (the suite's REINFORCE learning run)."""
     logp_ratio: float = 4.0
     """logp_mismatch: sampler-vs-trainer logprob gap (this step) above 4x b..."""
     logp_floor: float = 0.01
@@ -141,6 +165,7 @@ class _Check:
     above: bool  # fires when the value is above the threshold, else below
     threshold: Callable[[float, GuardConfig], float | None]  # (baseline, cfg) -> threshold
     peak: bool = False  # the baseline is the highest the median has been (reward_drop)
+    precursor: bool = False  # quiet while the reward improves (GuardConfig.improving_margin)
 
 
 def _ratio(b: float, k: float) -> float | None:
@@ -153,12 +178,17 @@ CHECKS: tuple[_Check, ...] = (
     _Check("length_blowup", "rollout/response_length", True, True, lambda b, c: _ratio(b, c.length_ratio)),
     _Check("length_blowup", "rollout/truncated_frac", True, True,
            lambda b, c: max(c.truncated_abs, b + c.truncated_margin)),
-    _Check("entropy_spike", "actor/entropy", False, True, lambda b, c: _ratio(b, c.entropy_ratio)),
-    _Check("entropy_collapse", "actor/entropy", True, False, lambda b, c: b / c.entropy_ratio if b > 0 else None),
+    _Check("entropy_spike", "actor/entropy", False, True,
+           lambda b, c: max(c.entropy_ratio * b, b + c.entropy_spike_margin) if b > 0 else None, precursor=True),
+    _Check("entropy_collapse", "actor/entropy", True, False,
+           lambda b, c: min(b / c.entropy_ratio, b - c.entropy_drop_abs) if b > 0 else None, precursor=True),
     _Check("garbage", "rollout/garbage_frac", True, True, lambda b, c: max(c.garbage_abs, c.garbage_ratio * b)),
     _Check("garbage", "rollout/repeat_frac", True, True, lambda b, c: max(c.repeat_abs, c.repeat_ratio * b)),
-    _Check("kl_spike", "actor/kl_ref", False, True, lambda b, c: max(c.kl_floor, c.kl_ratio * b)),
-    _Check("grad_spike", "actor/grad_norm", False, True, lambda b, c: _ratio(b, c.grad_ratio)),
+    _Check("kl_spike", "actor/kl_ref", False, True, lambda b, c: max(c.kl_floor, c.kl_ratio * b), precursor=True),
+    _Check("grad_spike", "actor/grad_norm", False, True,
+           lambda b, c: max(c.grad_step_ratio * b, 5 * c.grad_floor), precursor=True),
+    _Check("grad_blowup", "actor/grad_norm", True, True,
+           lambda b, c: max(c.grad_ratio * b, c.grad_floor), precursor=True),
     _Check("logp_mismatch", "rollout/logp_mismatch", False, True, lambda b, c: max(c.logp_floor, c.logp_ratio * b)),
     _Check("format_failure", "rollout/invalid", True, True, lambda b, c: b + c.invalid_margin),
     _Check("format_failure", "rollout/answered", True, False, lambda b, c: b - c.unanswered_margin),
@@ -214,9 +244,12 @@ class CollapseGuard:
         for m, v in values.items():
             self._recent.setdefault(m, deque(maxlen=cfg.smooth_window)).append(v)
         self.closeness = {}
+        improving = self._improving()
         for check in CHECKS:
             history = self._healthy_values.get(check.metric)
             if check.metric not in values or history is None or len(history) < cfg.warmup_steps:
+                continue
+            if check.precursor and improving:
                 continue
             b = statistics.median(history)
             b = self._peak.get(check.metric, b) if check.peak else b
@@ -242,6 +275,15 @@ class CollapseGuard:
         self.healthy = not events
         self.last_step = step
         return events
+
+    def _improving(self) -> bool:
+        """The reward's mean over the last steps is more than ``improving_margin`` above its
+        baseline (the policy is finding the reward; the precursor checks wait)."""
+        metric = "rollout/reward_mean"
+        history, recent = self._healthy_values.get(metric), self._recent.get(metric)
+        if not history or not recent or len(history) < self.cfg.warmup_steps:
+            return False
+        return sum(recent) / len(recent) > statistics.median(history) + self.cfg.improving_margin
 
     def state_dict(self) -> dict[str, Any]:
         """Everything ``observe`` depends on, JSON-serialisable (for the checkpoint)."""

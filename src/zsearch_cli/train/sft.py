@@ -297,7 +297,10 @@ class SFTTrainer:
         show = acc.is_main_process
         columns = (TextColumn("[bold]sft"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
                    TextColumn("eval {task.fields[eval]}"), TimeElapsedColumn())
-        with Progress(*columns, console=self.console, disable=not show) as bar:
+        from zsearch_cli.progress import ProgressLines
+
+        lines = ProgressLines("sft", self.total_steps, "steps", done=self.start_step, enabled=None if show else False)
+        with Progress(*columns, console=self.console, disable=not show) as bar, lines:  # lines: in a log file
             task = bar.add_task("sft", total=self.total_steps, completed=self.start_step, loss="-", eval="-")
             for step in range(self.start_step, self.total_steps):
                 row = self.train_step(step)
@@ -310,6 +313,7 @@ class SFTTrainer:
                                           f"eval_loss {row['eval_loss']:.4f} lr {row['lr']:.2e}", highlight=False)
                 self.metrics.log(row)
                 bar.update(task, advance=1, loss=f"{row['loss']:.4f}")
+                lines.advance(1, loss=row["loss"])
                 if cfg.save_every and (step + 1) % cfg.save_every == 0:
                     self.checkpoint(step + 1)
         final = self.save_final()

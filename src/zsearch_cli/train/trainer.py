@@ -16,7 +16,9 @@ and DDP over 2 processes (gloo); checkpoints gather FSDP / ZeRO-3 shards (checkp
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import time
 import warnings
 from pathlib import Path
@@ -29,6 +31,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from zsearch_cli.algos import AlgoConfig, AlgoSpec
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.progress import ProgressLines, Stopped, active_stop, heartbeat
 from zsearch_cli.models.base import logp_tolerance
 from zsearch_cli.protocol import differing
 from zsearch_cli.search.base import SearchBackend
@@ -70,7 +73,13 @@ class Trainer:
     ``batch_size``, ``state()`` and ``load_state()``, checkpointed like the QA cursor — and
     ``batch_reward_fn`` (see :data:`~zsearch_cli.train.step_samples.BatchRewardFn`), which also
     supplies the group keys of an algorithm whose groups are not prompts
-    (``AlgoSpec.batch_reward``)."""
+    (``AlgoSpec.batch_reward``).
+
+    ``stop`` (set by ``zsearch train``: a :class:`~zsearch_cli.progress.StopSignals`) makes a
+    SIGTERM / SIGINT end the run between two steps, with a checkpoint when one is due."""
+
+    stop: Any = None
+    lines: ProgressLines | None = None
 
     def __init__(self, cfg: TrainConfig, *, search: SearchBackend | None = None, reward_fn: RewardFn | None = None,
                  console: Console | None = None, data: Any = None, batch_reward_fn: BatchRewardFn | None = None):
@@ -256,6 +265,7 @@ class Trainer:
         else:
             self.engine.policy_version = done
             engine, data = self.engine, self.data
+        self._phase(f"rolling out step {step}/{cfg.steps}")
         collected = sample_step(engine, data, self.spec, self.acfg, step, group_size=cfg.group_size,
                             metric=cfg.reward,
                             protocol=cfg.protocol, format_bonus=cfg.format_bonus, reward_fn=self.reward_fn,
@@ -269,6 +279,7 @@ class Trainer:
         validation: dict[str, Any] = {}
         train = collected.train
         if train:
+            self._phase(f"updating on step {step}/{cfg.steps}")
             self.policy.train()
             batch = rollout_tensors(self.models, step_batch(train, self.models.pad_id), cfg, version=done)
             batch = advantages(self.spec, self.acfg, batch, self.accelerator)
@@ -349,6 +360,7 @@ class Trainer:
         guard = self.stability
         path = save_checkpoint(self.training_state(), completed, guard.protected() if guard else (),
                                KEEP_HEALTHY if guard else 0)
+        self.saved_step = completed
         if guard is not None:
             guard.saved(completed)
         if self.accelerator.is_main_process:
@@ -379,6 +391,13 @@ class Trainer:
             self._start_overlap()
         try:
             self._steps(columns, show)
+        except Stopped:  # a SIGTERM / SIGINT between two steps (_check_stop): release the engine, no final
+            if self.overlap is not None:
+                self.overlap.stream.close()
+                self.overlap = None
+            self.close()
+            self.accelerator.end_training()
+            raise
         finally:
             if self.overlap is not None:
                 self.overlap.stream.close()
@@ -401,12 +420,18 @@ class Trainer:
 
     def _steps(self, columns: tuple, show: bool) -> None:
         cfg = self.cfg
-        with Progress(*columns, console=self.console, disable=not show) as bar:
+        # a log file gets plain lines (rich draws no bar there): progress.py
+        lines = ProgressLines(f"train {cfg.algo}", cfg.steps, "steps", done=self.start_step, enabled=None if show else False)
+        with Progress(*columns, console=self.console, disable=not show) as bar, lines:
+            self.lines = lines
             task = bar.add_task("train", total=cfg.steps, completed=self.start_step, algo=cfg.algo, reward="-", sps="-")
             step = self.start_step  # 1-based; start_step steps are done
             while step < cfg.steps:
+                self._check_stop(step)
                 step += 1
                 row = self.train_step(step)
+                self._phase("")
+                lines.advance(1, reward=row["rollout/reward_mean"])
                 bar.update(task, advance=1, reward=f"{row['rollout/reward_mean']:.3f}", sps=f"{row['time/step']:.1f}")
                 if show:
                     bar.console.print(console_line(row, cfg.steps), highlight=False, soft_wrap=True)
@@ -418,8 +443,45 @@ class Trainer:
                         continue
                 if cfg.save_every and step % cfg.save_every == 0:
                     self.checkpoint(step)
+        self.lines = None
+
+    def _phase(self, text: str) -> None:
+        if self.lines is not None:
+            self.lines.phase(text)
+
+    def _check_stop(self, step: int) -> None:
+        """Between two steps (``step`` done): after a SIGTERM / SIGINT (on any process), write a
+        checkpoint when one is due (--save-every > 0 and a step done since the last one) and
+        raise :class:`Stopped` with the one line to print."""
+        if self.stop is None:
+            return
+        signum = self.stop.signum or 0
+        if self.accelerator.num_processes > 1:  # every process stops at the same step
+            signum = int(self._worst_over_processes(float(signum)))
+        if not signum:
+            return
+        name, cfg = signal.Signals(signum).name, self.cfg
+        saved = min(getattr(self, "saved_step", self.start_step), step)  # (a rollback goes back to one)
+        if cfg.save_every and step > saved:
+            path, saved = self.checkpoint(step), step
+        else:
+            path = Path(cfg.out) / "checkpoints" / f"step-{saved}"
+        if saved:
+            line = f"train: {name}: checkpoint written to {path}; resume with --resume"
+            if saved < step:
+                line = f"train: {name} after step {step}: latest checkpoint {path} (step {saved}); resume with --resume"
+        elif not cfg.save_every:
+            line = f"train: {name}: no checkpoint (--save-every 0); the run cannot be resumed"
+        else:
+            line = f"train: {name} before the first step: no checkpoint; rerun the same command"
+        raise Stopped(signum, line)
 
 
-def run_training(cfg: TrainConfig, **kwargs: Any) -> Path:
-    """Library entry point behind ``zsearch train``: build a Trainer and train it."""
-    return Trainer(cfg, **kwargs).train()
+def run_training(cfg: TrainConfig, stop: Any = None, **kwargs: Any) -> Path:
+    """Library entry point behind ``zsearch train``: build a Trainer and train it (``stop``:
+    see :class:`Trainer`)."""
+    main = os.environ.get("RANK", "0") == "0"  # under accelerate launch: one process prints
+    with heartbeat("train", f"loading {cfg.model} and the data", enabled=None if main else False):
+        trainer = Trainer(cfg, **kwargs)
+    trainer.stop = stop if stop is not None else active_stop()  # zsearch train / solve install one
+    return trainer.train()

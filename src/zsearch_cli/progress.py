@@ -1,0 +1,231 @@
+"""Progress that reaches a log file, and stopping on SIGTERM / SIGINT.
+
+rich's progress bars draw nothing when stderr is not a terminal (``nohup``, Slurm,
+``> log 2>&1``): a long phase then looks dead. :class:`ProgressLines` prints plain lines
+instead, in that mode only: one at the start of each phase, then at most one every
+``ZSEARCH_LOG_EVERY`` seconds (default 30) with the counts, the elapsed time, the rate and
+an ETA; a daemon thread prints ``still <phase> …`` when nothing was printed for that long
+(a long model load or a long first step is visibly alive).
+
+:class:`StopSignals` turns SIGTERM / SIGINT into :class:`Stopped` (immediately, or at the
+next :meth:`StopSignals.check` for a loop that must finish its step first); the CLI prints
+its one-line message and exits 128 + the signal number (143, 130).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def log_mode() -> bool:
+    """Whether stderr is not a terminal: rich draws no bars, plain lines are printed."""
+    isatty = getattr(sys.stderr, "isatty", None)
+    return not (isatty is not None and not getattr(sys.stderr, "closed", False) and isatty())
+
+
+def log_every() -> float:
+    """Seconds between two progress lines: ``ZSEARCH_LOG_EVERY`` (default 30)."""
+    try:
+        return max(0.05, float(os.environ.get("ZSEARCH_LOG_EVERY", "30")))
+    except ValueError:
+        return 30.0
+
+
+def quiet_third_party() -> None:
+    """In log mode, silence the tqdm bars of transformers / huggingface_hub / datasets: in a log
+    file each redraw is another line."""
+    if not log_mode():
+        return
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+
+
+def duration(seconds: float) -> str:
+    """``75`` -> ``1m15s``; ``3700`` -> ``1h01m``."""
+    s = int(seconds)
+    if s < 60:
+        return f"{seconds:.0f}s" if seconds >= 10 else f"{seconds:.1f}s"
+    return f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+class ProgressLines:
+    """Plain progress lines for one phase (``with ProgressLines("eval nq/test", 100, "questions")``).
+
+    :meth:`advance` counts (and sets shown fields such as ``em``) and prints when a line is due;
+    :meth:`phase` names what is running now (``rollout step 3/10``), shown by the heartbeat.
+    Prints nothing when stderr is a terminal (rich's bar shows there) unless ``enabled``."""
+
+    def __init__(self, label: str, total: int | None = None, unit: str = "steps", done: int = 0,
+                 enabled: bool | None = None, every: float | None = None):
+        self.label, self.total, self.unit = label, total, unit
+        self.count = self.start_count = self.shown = done
+        self.fields: dict[str, Any] = {}
+        self.current = ""
+        self.enabled = log_mode() if enabled is None else enabled
+        self.every = log_every() if every is None else every
+        self.stream = sys.stderr
+        self.lock = threading.Lock()
+        self.t0 = self.last = time.monotonic()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "ProgressLines":
+        if self.enabled:
+            self.emit(self.line(started=True))
+            self._thread = threading.Thread(target=self._beat, name="zsearch-heartbeat", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the heartbeat; a last line when the count moved since the last one."""
+        if self.enabled and self._thread is not None and self.count != self.shown:
+            self.emit(self.line())
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=1)
+        self._thread = None
+
+    def phase(self, text: str) -> None:
+        """What is running now (``rolling out step 3/10``): the heartbeat's lines show it."""
+        self.current = text
+
+    def advance(self, n: int = 1, **fields: Any) -> None:
+        with self.lock:
+            self.count += n
+            self.fields.update(fields)
+            due = time.monotonic() - self.last >= self.every
+        if due and self.enabled:
+            self.emit(self.line())
+
+    def emit(self, text: str) -> None:
+        with self.lock:
+            self.last, self.shown = time.monotonic(), self.count
+            try:
+                self.stream.write(text + "\n")
+                self.stream.flush()
+            except (OSError, ValueError):  # a closed log: progress is not worth a crash
+                pass
+
+    def line(self, started: bool = False, still: bool = False) -> str:
+        elapsed = time.monotonic() - self.t0
+        counts = (f"{self.count}/{self.total} {self.unit}" if self.total is not None
+                  else f"{self.count} {self.unit}" if self.count else "").strip()
+        fields = [f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in self.fields.items() if v is not None]
+        counts = ", ".join(x for x in (counts, *fields) if x)
+        if still:
+            text = f"still {self.current or 'working'}" + (f" ({counts})" if counts else "")
+        else:
+            text = "; now ".join(x for x in (counts, self.current) if x)
+        if started:
+            return f"{self.label}: {text} | started".replace(":  |", ": |")
+        parts = [f"elapsed {duration(elapsed)}"]
+        made = self.count - self.start_count
+        if made > 0 and elapsed > 0:
+            rate = made / elapsed
+            unit = self.unit or "items"
+            parts.append(f"{rate:.3g} {unit}/s" if rate >= 1 else f"{1 / rate:.3g} s/{unit.rstrip('s')}")
+            if self.total is not None and self.count < self.total:
+                parts.append(f"ETA {duration((self.total - self.count) / rate)}")
+        return f"{self.label}: {text} | {', '.join(parts)}".replace(":  |", ": |")
+
+    def _beat(self) -> None:
+        while not self._stop.wait(min(self.every, 1.0)):
+            if time.monotonic() - self.last >= self.every:
+                self.emit(self.line(still=self.count == self.shown))
+
+
+@contextmanager
+def heartbeat(label: str, what: str, enabled: bool | None = None) -> Iterator[ProgressLines]:
+    """A phase without counts (``heartbeat("train", "loading the model")``): its start line,
+    then ``still …`` lines while it lasts."""
+    lines = ProgressLines(label, unit="", enabled=enabled)
+    lines.current = what
+    with lines:
+        yield lines
+
+
+class Stopped(Exception):
+    """A run stopped by a signal; ``str()`` is the one line to print, :attr:`code` the exit status."""
+
+    def __init__(self, signum: int, message: str = ""):
+        self.signum = signum
+        super().__init__(message or f"stopped by {signal.Signals(signum).name}")
+
+    name = property(lambda self: signal.Signals(self.signum).name)
+    code = property(lambda self: 128 + self.signum)
+    """The exit status: 128 + the signal's number (SIGTERM 143, SIGINT 130)."""
+
+
+_ACTIVE: list["StopSignals"] = []
+
+
+def active_stop() -> "StopSignals | None":
+    """The :class:`StopSignals` a CLI command installed (None in library use: signals keep
+    their usual meaning)."""
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+class StopSignals:
+    """``with StopSignals(immediate) as stop:`` — SIGTERM / SIGINT raise :class:`Stopped` at
+    once (``immediate``), or only set :attr:`signum` for :meth:`check` between steps (a second
+    signal then raises at once). Inside :meth:`deferred` (a file being written) a signal only
+    sets the flag. Installs nothing outside the main thread."""
+
+    def __init__(self, immediate: bool = False):
+        self.immediate = immediate
+        self.signum: int | None = None
+        self._defer = 0
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in SIGNALS:
+                self._old[sig] = signal.signal(sig, self._handle)
+            _ACTIVE.append(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        if self._old:
+            _ACTIVE.remove(self)
+        self._old.clear()
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        first = self.signum is None
+        self.signum = self.signum or signum
+        if self._defer == 0 and (self.immediate or not first):
+            raise Stopped(self.signum)
+
+    requested = property(lambda self: self.signum is not None)
+    name = property(lambda self: signal.Signals(self.signum).name if self.signum else "")
+
+    def check(self) -> None:
+        if self.signum is not None:
+            raise Stopped(self.signum)
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        self._defer += 1
+        try:
+            yield
+        finally:
+            self._defer -= 1
+        if self.immediate and self._defer == 0:
+            self.check()
