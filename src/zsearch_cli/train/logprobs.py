@@ -74,16 +74,20 @@ def collate(trajs: Sequence[TokenSequence], pad_id: int, device: torch.device | 
                  keep_from)
 
 
-def response_logits(model: Any, batch: Batch) -> Tensor:
-    """The logits that predict each response token: [B, T, V] (model dtype).
+def response_logits(model: Any, batch: Batch, only: Tensor | None = None) -> Tensor:
+    """The logits that predict each response token: [B, T, V] (model dtype), or with ``only``
+    ([B, T] bool) those of the selected positions alone, [M, V] in row-major order.
 
     The LM head runs only from ``keep_from`` on (``logits_to_keep``): prompt positions need no
     logits, and on a 49k-vocabulary model they are most of the head's time and memory."""
     width = batch.input_ids.shape[1]
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
                    logits_to_keep=width - batch.keep_from).logits  # [B, L - keep_from, V]
-    rows = torch.arange(batch.size, device=logits.device)[:, None]  # [B, 1]
-    return logits[rows, (batch.resp_pos - batch.keep_from).clamp_min(0)]  # [B, T, V]; padding is masked
+    pos = (batch.resp_pos - batch.keep_from).clamp_min(0)  # [B, T]
+    rows = torch.arange(batch.size, device=logits.device)[:, None].expand_as(pos)  # [B, T]
+    if only is not None:
+        return logits[rows[only], pos[only]]  # [M, V]
+    return logits[rows, pos]  # [B, T, V]; padding is masked
 
 
 def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0, top_p: float = 1.0) -> Tensor:
@@ -109,18 +113,33 @@ def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0, to
 
 def policy_forward(model: Any, batch: Batch, temperature: float, entropy: bool = False,
                    top_p: float = 1.0) -> tuple[Tensor, Tensor | None]:
-    """(logp [B, T], entropy [B, T] or None). Gradient flows through logp when enabled;
-    the entropy is a logged statistic of the tempered distribution over the whole vocabulary,
-    computed without grad. ``top_p``: see :func:`token_logprobs`."""
-    from zsearch_cli.algos import entropy_from_logits
+    """(logp [B, T], entropy [B, T] or None), both 0 off the policy tokens (``batch.mask``).
+    Gradient flows through logp when enabled; the entropy is a logged statistic of the
+    tempered distribution over the whole vocabulary, computed without grad. ``top_p``: see
+    :func:`token_logprobs`.
 
-    logits = response_logits(model, batch)
-    logp = token_logprobs(logits, batch.targets, temperature, top_p)
+    Only the policy tokens' logits are normalised: every consumer masks by I_t, and in a
+    search agent's response the retrieved passages are often most of the tokens, each a
+    vocabulary-wide log-softmax (and its backward) that no objective reads. At top_p = 1 the
+    entropy reuses the log-softmax the logprobs took."""
+    sel = batch.mask  # [B, T] bool
+    z = response_logits(model, batch, only=sel).float()  # [M, V]
+    if temperature != 1.0:
+        z = z / temperature
+    targets = batch.targets[sel]  # [M]
+    full = z.log_softmax(-1)  # [M, V]
+    if top_p < 1.0:
+        picked = token_logprobs(z, targets, 1.0, top_p)  # [M]: the nucleus, already tempered
+    else:
+        picked = full.gather(-1, targets[:, None]).squeeze(-1)  # [M]
+    logp = torch.zeros(sel.shape, dtype=picked.dtype, device=picked.device).masked_scatter(sel, picked)  # [B, T]
     ent = None
     if entropy:
         with torch.no_grad():
-            z = logits.detach().float()
-            ent = entropy_from_logits(z / temperature if temperature != 1.0 else z)
+            lsm = full.detach()
+            # H = -sum p log p; a token of probability 0 (a -inf logit) adds 0, not 0 * -inf
+            h = -(lsm.exp() * lsm.clamp_min(torch.finfo(lsm.dtype).min)).sum(-1)  # [M]
+            ent = torch.zeros(sel.shape, dtype=h.dtype, device=h.device).masked_scatter(sel, h)  # [B, T]
     return logp, ent
 
 
