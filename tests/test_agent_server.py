@@ -281,7 +281,7 @@ def test_a_client_that_leaves_stops_its_rollout(tiny_model_and_tokenizer, demo_i
         r = requests.post(f"{url}/v1/chat/completions", stream=True, timeout=30,
                           json={"messages": [{"role": "user", "content": QUESTIONS[0]}], "stream": True})
         assert next(r.iter_lines()).startswith(b"data: ")
-        r.close()  # gone while the first turn generates
+        r.close()  # gone before its first turn ended (the gate holds generation)
         time.sleep(0.5)
         gate.set()
         deadline = time.monotonic() + 10
@@ -292,7 +292,9 @@ def test_a_client_that_leaves_stops_its_rollout(tiny_model_and_tokenizer, demo_i
                 break
             except openai.RateLimitError:
                 time.sleep(0.05)
-        assert len(calls) == 1 + done.model_extra["zsearch"]["num_turns"]  # the left request: its first turn only
+        # the left request ran at most its first turn (whether its rollout had started when the
+        # client left depends on thread timing), never its second: its slot came back
+        assert len(calls) - done.model_extra["zsearch"]["num_turns"] in (0, 1)
 
 
 # ----------------------------------------------------------------------------- the command

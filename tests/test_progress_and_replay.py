@@ -28,7 +28,7 @@ TINY = ["--max-turns", "1", "--max-turn-tokens", "8", "--device", "cpu"]
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false", "ZSEARCH_LOG_EVERY": "1"}
+    return {**os.environ, "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false", "ZSEARCH_LOG_EVERY": "0.2"}
 
 
 def _start(args: list[str], log: Path) -> subprocess.Popen:
@@ -58,7 +58,8 @@ def _body(path: Path) -> str:
 
 def test_progress_lines_throttle_heartbeat_and_eta(capsys):
     with ProgressLines("eval demo", 10, "questions", done=2, enabled=True, every=0.2) as lines:
-        lines.advance(3, em=0.5)  # not due yet: no line
+        time.sleep(0.35)  # the phase outlasts its grace (min(every, 2 s)): the started line
+        lines.advance(3, em=0.5)  # not due yet (a line went out < 0.2 s ago): no line
         time.sleep(0.5)  # the heartbeat prints a line with the new counts
         lines.phase("rolling out")
         time.sleep(0.5)
@@ -68,6 +69,11 @@ def test_progress_lines_throttle_heartbeat_and_eta(capsys):
     assert any(line.startswith("eval demo: still rolling out (5/10 questions") for line in err)
     with ProgressLines("quiet", 3, enabled=False) as lines:  # a terminal: rich's bar shows, no lines
         lines.advance(3)
+    assert capsys.readouterr().err == ""
+    # a phase that fails at once prints nothing: its one-line error stays the only line
+    with pytest.raises(ValueError):
+        with ProgressLines("index", enabled=True, every=30):
+            raise ValueError("no such file")
     assert capsys.readouterr().err == ""
 
 
@@ -96,12 +102,11 @@ def test_stop_signals_defer_to_the_loop_then_raise():
 def test_eval_logs_progress_and_sigterm_resumes(tmp_path, tiny_model_dir, demo_index):
     out = tmp_path / "eval"
     args = ["eval", "--model", str(tiny_model_dir), "--index", str(demo_index), "--out", str(out),
-            "--limit", "40", "--batch-size", "4", *TINY]
+            "--limit", "40", "--batch-size", "2", *TINY]
     examples = out / "demo" / "agent.examples.parquet"
     proc = _start(args, tmp_path / "eval1.log")
-    _wait_for(proc, examples.exists)  # the first batch is scored and written
-    log = (tmp_path / "eval1.log").read_text()
-    assert "eval: loading" in log and "eval demo (agent): 0/40 questions | started" in log  # before the end
+    # the first batch is scored and written, and a progress line reached the log before the end
+    _wait_for(proc, lambda: examples.exists() and "eval demo (agent): " in (tmp_path / "eval1.log").read_text())
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 143
     log = (tmp_path / "eval1.log").read_text()
@@ -124,21 +129,24 @@ def test_eval_logs_progress_and_sigterm_resumes(tmp_path, tiny_model_dir, demo_i
 
 
 def test_train_sigterm_checkpoints_and_resumes(tmp_path, tiny_model_dir, demo_index):
+    # 60 steps: the signal always lands mid-run, whatever this machine's speed
     out = tmp_path / "run"
-    args = ["train", "--model", str(tiny_model_dir), "--index", str(demo_index), "--out", str(out), "--steps", "3",
+    args = ["train", "--model", str(tiny_model_dir), "--index", str(demo_index), "--out", str(out), "--steps", "60",
             "--save-every", "100", "--batch-size", "2", "-G", "2", "--seed", "3", "--lr", "1e-3", *TINY]
     proc = _start(args, tmp_path / "train1.log")
     _wait_for(proc, lambda: (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text().strip())
-    proc.send_signal(signal.SIGTERM)  # in step 2: at its end a checkpoint is due (no step saved yet)
+    proc.send_signal(signal.SIGTERM)  # a checkpoint is due at the end of the running step (none saved yet)
     assert proc.wait(timeout=90) == 143
     log = (tmp_path / "train1.log").read_text()
-    assert "train: loading" in log and "train grpo: 0/3 steps | started" in log
+    assert "train: loading" in log and "train grpo: " in log  # plain progress lines in the log
     # (the "still rolling out …" heartbeat depends on how long a step takes here: its rule is
     # tested in-process, test_progress_lines_throttle_heartbeat_and_eta)
     lines = [line for line in log.splitlines() if "SIGTERM" in line]
     assert "Traceback" not in log and len(lines) == 1, log[-3000:]
     saved = sorted(p.name for p in (out / "checkpoints").iterdir())
-    assert len(saved) == 1 and saved[0] in ("step-1", "step-2")  # step-1: the signal beat step 2's start
+    assert len(saved) == 1 and saved[0].startswith("step-")
+    done = int(saved[0].split("-")[1])
+    assert 1 <= done < 60
     assert lines[0] == f"train: SIGTERM: checkpoint written to {out / 'checkpoints' / saved[0]}; resume with --resume"
     assert not (out / "final").exists()
 
@@ -148,19 +156,21 @@ def test_train_sigterm_checkpoints_and_resumes(tmp_path, tiny_model_dir, demo_in
     assert refused.exit_code == 2 and "already holds checkpoints" in refused.output
     assert (out / "config.yaml").read_text() == before
 
-    code, log = _run([*args, "--resume"], tmp_path / "train2.log")
+    resumed = [*args, "--resume"]
+    resumed[resumed.index("--steps") + 1] = str(done + 1)  # one more step is enough to show the resume
+    code, log = _run(resumed, tmp_path / "train2.log")
     assert code == 0, log[-3000:]
-    assert "resuming from" in log and f"(step {saved[0].split('-')[1]}/3)" in log
-    assert [r["step"] for r in read_artifact(out / "metrics.parquet", METRICS).to_pylist()] == [1, 2, 3]
+    assert "resuming from" in log and f"(step {done}/{done + 1})" in log
+    assert [r["step"] for r in read_artifact(out / "metrics.parquet", METRICS).to_pylist()] == list(range(1, done + 2))
     assert (out / "final").is_dir()
 
 
 def test_train_sigterm_without_checkpoints_says_so(tmp_path, tiny_model_dir, demo_index):
     out = tmp_path / "run"
-    args = ["train", "--model", str(tiny_model_dir), "--index", str(demo_index), "--out", str(out), "--steps", "3",
+    args = ["train", "--model", str(tiny_model_dir), "--index", str(demo_index), "--out", str(out), "--steps", "60",
             "--save-every", "0", "--batch-size", "1", "-G", "2", *TINY]
     proc = _start(args, tmp_path / "train.log")
-    _wait_for(proc, lambda: "train grpo: 0/3 steps | started" in (tmp_path / "train.log").read_text())
+    _wait_for(proc, lambda: "train grpo: " in (tmp_path / "train.log").read_text())
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=90) == 130
     log = (tmp_path / "train.log").read_text()

@@ -61,6 +61,12 @@ def duration(seconds: float) -> str:
     return f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
+START_GRACE = 2.0
+"""Seconds a phase runs before its "started" line prints: a phase that fails at once (a
+missing file) then ends with its one-line error alone, and one that is quick says nothing
+until its last line; anything long is announced within 2 s."""
+
+
 class ProgressLines:
     """Plain progress lines for one phase (``with ProgressLines("eval nq/test", 100, "questions")``).
 
@@ -81,13 +87,23 @@ class ProgressLines:
         self.t0 = self.last = time.monotonic()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.grace = min(self.every, START_GRACE)
+        self._unstarted = True  # the "started" line waits out the grace (see START_GRACE)
 
     def __enter__(self) -> "ProgressLines":
         if self.enabled:
-            self.emit(self.line(started=True))
             self._thread = threading.Thread(target=self._beat, name="zsearch-heartbeat", daemon=True)
             self._thread.start()
         return self
+
+    def _start_line(self) -> None:
+        """The phase's "started" line, once: when it has lasted the grace, or before its first
+        other line."""
+        with self.lock:
+            if not self._unstarted:
+                return
+            self._unstarted = False
+        self.emit(self.line(started=True))
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
@@ -111,6 +127,7 @@ class ProgressLines:
             self.fields.update(fields)
             due = time.monotonic() - self.last >= self.every
         if due and self.enabled:
+            self._start_line()
             self.emit(self.line())
 
     def emit(self, text: str) -> None:
@@ -145,8 +162,10 @@ class ProgressLines:
         return f"{self.label}: {text} | {', '.join(parts)}".replace(":  |", ": |")
 
     def _beat(self) -> None:
-        while not self._stop.wait(min(self.every, 1.0)):
-            if time.monotonic() - self.last >= self.every:
+        while not self._stop.wait(min(self.every, self.grace, 0.5)):
+            if self._unstarted and time.monotonic() - self.t0 >= self.grace:
+                self._start_line()
+            elif time.monotonic() - self.last >= self.every:
                 self.emit(self.line(still=self.count == self.shown))
 
 

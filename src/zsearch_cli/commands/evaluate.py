@@ -273,11 +273,12 @@ def evaluate(opts: EvalOptions, config: dict[str, Any]) -> list[dict[str, Any]]:
                     _single_turn_prompts(opts.method, batch, search, opts.topk)
                     trajs = engine.rollout(batch, group_size=1, on_row_done=row_done)
                     done_rows += example_rows(name, opts.method, trajs)
-                    # after every batch: resumable (a signal waits for the file to be whole)
+                    rows_now = scored()
+                    # after every batch: resumable (a signal waits for the file to be whole, then
+                    # stops with these rows written)
                     with stop.deferred() if stop is not None else nullcontext():
                         write_artifact(done_rows, out_examples, EVAL_EXAMPLE, config, protocol.as_dict())
-                    rows_now = scored()
-                    written = len(rows_now)
+                        written = len(rows_now)
                     lines.advance(0, em=sum(r["em"] for r in rows_now) / max(written, 1))
         except Stopped as err:
             raise Stopped(err.signum, f"eval: stopped by {err.name} after {written}/{qa.num_rows} questions "
