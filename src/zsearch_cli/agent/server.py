@@ -247,9 +247,6 @@ def create_app(engine: RolloutEngine, model_name: str, max_concurrent: int = 16,
 
 def run_agent_server(opts: Any) -> None:
     """Load the model and search backend ``opts`` names, print where we listen, serve until stopped."""
-    import signal
-
-    import uvicorn
     from rich.console import Console
 
     from zsearch_cli.retrieval.server import bind_socket, is_loopback
@@ -272,16 +269,6 @@ def run_agent_server(opts: Any) -> None:
     print(f"serving agent {name} (search {opts.search}, protocol {opts.protocol}) on "
           f"http://{shown}:{sock.getsockname()[1]}/v1  (POST /v1/chat/completions, GET /v1/models, GET /health; "
           "Ctrl+C stops)", flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                           server_header=False, date_header=False, timeout_graceful_shutdown=5))
-    in_main = threading.current_thread() is threading.main_thread()
-    previous = signal.signal(signal.SIGTERM, lambda *_: None) if in_main else None
-    try:
-        server.run(sockets=[sock])
-    except KeyboardInterrupt:
-        pass
-    finally:
-        if in_main:
-            signal.signal(signal.SIGTERM, previous)
-        sock.close()
-    print("server stopped", flush=True)
+    from zsearch_cli.retrieval.server import serve_until_stopped
+
+    serve_until_stopped(app, sock)

@@ -378,9 +378,6 @@ def run_server(
     A signal shuts down gracefully (in-flight requests finish) and returns normally, so
     ``zsearch serve`` exits 0 when stopped.
     """
-    import signal
-
-    import uvicorn
     from rich.console import Console
 
     from zsearch_cli.retrieval.index import load_index
@@ -398,6 +395,16 @@ def run_server(
     methods = ", ".join(getattr(index, "methods", []))
     print(f"serving index {index.name} ({len(index)} passages; methods: {methods}; method: {method}) "
           f"on http://{shown}:{bound_port}  (POST /retrieve, GET /health; Ctrl+C stops)", flush=True)
+    serve_until_stopped(app, sock)
+
+
+def serve_until_stopped(app: Any, sock: Any) -> None:
+    """Run ``app`` with uvicorn on the bound ``sock`` until Ctrl+C or SIGTERM, then return
+    normally (exit status 0); shared by ``zsearch serve`` and ``zsearch agent serve``."""
+    import signal
+
+    import uvicorn
+
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
                             server_header=False, date_header=False, timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import time
 import warnings
 from pathlib import Path
@@ -32,6 +31,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from zsearch_cli.algos import AlgoConfig, AlgoSpec
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.progress import ProgressLines, Stopped, active_stop, heartbeat
+from zsearch_cli.train.signals import stop_between_steps
 from zsearch_cli.models.base import logp_tolerance
 from zsearch_cli.protocol import differing
 from zsearch_cli.search.base import SearchBackend
@@ -391,7 +391,7 @@ class Trainer:
             self._start_overlap()
         try:
             self._steps(columns, show)
-        except Stopped:  # a SIGTERM / SIGINT between two steps (_check_stop): release the engine, no final
+        except Stopped:  # a SIGTERM / SIGINT between two steps (train/signals.py): release the engine, no final
             if self.overlap is not None:
                 self.overlap.stream.close()
                 self.overlap = None
@@ -427,7 +427,7 @@ class Trainer:
             task = bar.add_task("train", total=cfg.steps, completed=self.start_step, algo=cfg.algo, reward="-", sps="-")
             step = self.start_step  # 1-based; start_step steps are done
             while step < cfg.steps:
-                self._check_stop(step)
+                stop_between_steps(self, step)
                 step += 1
                 row = self.train_step(step)
                 self._phase("")
@@ -448,34 +448,6 @@ class Trainer:
     def _phase(self, text: str) -> None:
         if self.lines is not None:
             self.lines.phase(text)
-
-    def _check_stop(self, step: int) -> None:
-        """Between two steps (``step`` done): after a SIGTERM / SIGINT (on any process), write a
-        checkpoint when one is due (--save-every > 0 and a step done since the last one) and
-        raise :class:`Stopped` with the one line to print."""
-        if self.stop is None:
-            return
-        signum = self.stop.signum or 0
-        if self.accelerator.num_processes > 1:  # every process stops at the same step
-            signum = int(self._worst_over_processes(float(signum)))
-        if not signum:
-            return
-        name, cfg = signal.Signals(signum).name, self.cfg
-        saved = min(getattr(self, "saved_step", self.start_step), step)  # (a rollback goes back to one)
-        if cfg.save_every and step > saved:
-            path, saved = self.checkpoint(step), step
-        else:
-            path = Path(cfg.out) / "checkpoints" / f"step-{saved}"
-        if saved:
-            line = f"train: {name}: checkpoint written to {path}; resume with --resume"
-            if saved < step:
-                line = f"train: {name} after step {step}: latest checkpoint {path} (step {saved}); resume with --resume"
-        elif not cfg.save_every:
-            line = f"train: {name}: no checkpoint (--save-every 0); the run cannot be resumed"
-        else:
-            line = f"train: {name} before the first step: no checkpoint; rerun the same command"
-        raise Stopped(signum, line)
-
 
 def run_training(cfg: TrainConfig, stop: Any = None, **kwargs: Any) -> Path:
     """Library entry point behind ``zsearch train``: build a Trainer and train it (``stop``:
