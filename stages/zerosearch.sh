@@ -85,7 +85,19 @@ zsearch collect --model "$COLLECT_MODEL" --search bm25 --index "$INDEX" --out "$
   --limit "$COLLECT_LIMIT" --samples-per-question "$SAMPLES" --topk "$TOPK" --max-turns "$MAX_TURNS" \
   --max-turn-tokens "$TURN_TOKENS" --device "$DEVICE" ${COLLECT_DATA:+--data "$COLLECT_DATA"}
 
-echo "== 3. judge the collected documents with $JUDGE_MODEL ${JUDGE_URL:+at $JUDGE_URL}"
+# A policy that never searched leaves no query to judge: stop here, saying why, rather than
+# fail in the judge (or fine-tune the simulator on nothing).
+PY=$(command -v python || command -v python3)
+QUERIES=$("$PY" -c 'import sys, pyarrow.parquet as pq; print(pq.ParquetFile(sys.argv[1]).metadata.num_rows)' \
+  "$OUT/collect/queries.parquet" 2>/dev/null || echo unknown)
+if [ "$QUERIES" = 0 ]; then
+  echo "error: $OUT/collect/queries.parquet holds no query: $COLLECT_MODEL never searched in" \
+       "$COLLECT_LIMIT questions x $SAMPLES samples; use a warmed-up policy (COLLECT_MODEL=smollm2-warm)" \
+       "or more questions (COLLECT_LIMIT)" >&2
+  exit 1
+fi
+
+echo "== 3. judge the $QUERIES collected queries with $JUDGE_MODEL ${JUDGE_URL:+at $JUDGE_URL}"
 zsearch judge "$OUT/collect/queries.parquet" --judge-model "$JUDGE_MODEL" ${JUDGE_URL:+--judge-url "$JUDGE_URL"} \
   --out "$OUT/judge" --device "$DEVICE"
 

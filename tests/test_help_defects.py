@@ -41,3 +41,26 @@ def test_a_default_is_printed_once():
     out = _help("propose")
     index = out[out.index("--index"):].split("--topk")[0]
     assert "[runs/index]" not in index and "default: runs/index" in index
+
+
+def test_every_command_that_writes_takes_output_dir_like_trl():
+    import typer
+
+    from zsearch_cli.cli import app
+
+    def walk(group, prefix=""):
+        for name, cmd in group.commands.items():
+            if hasattr(cmd, "commands"):
+                yield from walk(cmd, f"{prefix}{name} ")
+            else:
+                yield prefix + name, cmd
+
+    writers = {}
+    for name, cmd in walk(typer.main.get_command(app)):
+        flags = {o for p in cmd.params for o in getattr(p, "opts", [])}
+        if "--out" in flags:
+            writers[name] = flags
+    assert {"train", "eval", "index", "collect", "judge", "sft", "simsft", "solve", "propose", "drzero",
+            "export"} <= set(writers)
+    missing = sorted(name for name, flags in writers.items() if "--output-dir" not in flags)
+    assert not missing, missing

@@ -196,3 +196,17 @@ def test_zerosearch_recipe_script_runs(chain_inputs, tiny_model_dir, tmp_path):
     (found,) = (out / "eval").rglob("agent.summary.parquet")  # OUT/<dataset key: the QA file's path>/
     assert read_artifact(found, EVAL_SUMMARY).to_pylist()[0]["n"] == 1
     assert (out / "train" / "curves.png").is_file()
+
+
+def test_zerosearch_recipe_stops_when_collect_found_no_query(chain_inputs, tiny_model_dir, tmp_path):
+    """Issue 23.7: a policy that never searches leaves queries.parquet empty; the recipe stops
+    there with one line saying why, instead of judging nothing."""
+    out = tmp_path / "recipe"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "OUT": str(out), "INDEX": str(chain_inputs["index"]), "MODEL": str(tiny_model_dir),
+           "SIM_MODEL": str(tiny_model_dir), "COLLECT_DATA": str(chain_inputs["qa"]), "COLLECT_LIMIT": "2",
+           "SAMPLES": "1", "MAX_TURNS": "1", "TURN_TOKENS": "4", "DEVICE": "cpu", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(["bash", str(REPO / "stages" / "zerosearch.sh")], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "queries.parquet holds no query" in proc.stderr and "== 3." not in proc.stdout

@@ -166,7 +166,7 @@ class IndexOptions:
 
     corpus: Optional[Path] = option(None, argument=True)
     """Corpus jsonl(.gz)/Parquet [the bundled demo corpus]."""
-    out: Path = option(Path("runs/index"), flags=("--out", "-o"))
+    out: Path = option(Path("runs/index"), flags=("--out", "-o"), aliases=("output_dir",))
     """Index directory to write."""
     kind: str = "bm25"
     """Comma list of bm25, dense (hybrid = bm25,dense)."""
@@ -256,7 +256,7 @@ class PlotOptions:
 
     run_dir: Path = option(argument=True)
     """A `zsearch train` output folder."""
-    out: Optional[Path] = option(None, flags=("--out", "-o"))
+    out: Optional[Path] = option(None, flags=("--out", "-o"), aliases=("output_dir",))
     """PNG to write [RUN_DIR/curves.png]."""
     title: Optional[str] = option(None, flags=("--title",))
     """Figure title [zsearch train: RUN_DIR's name]."""
@@ -282,7 +282,7 @@ class EvalOptions:
     """Benchmark files, FlashRAG layout: DATA_DIR/nq/test.jsonl."""
     download: bool = False
     """Fetch missing benchmark files from the FlashRAG hub dataset (network)."""
-    out: Path = option(Path("runs/eval"), flags=("--out", "-o"))
+    out: Path = option(Path("runs/eval"), flags=("--out", "-o"), aliases=("output_dir",))
     """Output directory: OUT/KEY/METHOD.*.parquet; a rerun reuses rows only under equal options."""
     method: str = "agent"
     """direct, cot, rag or agent (multi-turn search)."""
@@ -306,7 +306,7 @@ class ExportOptions:
     source: Path = option(argument=True)
     """A `zsearch train`/`sft` run folder (its final/, else its newest checkpoint), a checkpoint
     folder (OUT/checkpoints/step-N: its weights only) or a final folder."""
-    out: Path = option(flags=("--out", "-o"))
+    out: Path = option(flags=("--out", "-o"), aliases=("output_dir",))
     """Folder to write: safetensors, tokenizer and chat template, config, a README model card."""
     merge_lora: bool = option(False, flags=("--merge-lora",))
     """A LoRA adapter: merge it into its base and write full weights (without: the adapter, naming its
@@ -330,7 +330,7 @@ class CollectOptions:
 
     data: Optional[Path] = option(None, flags=("--data",))
     """QA file (jsonl/Parquet) [the bundled demo train split]."""
-    out: Path = option(Path("runs/collect"), flags=("--out", "-o"))
+    out: Path = option(Path("runs/collect"), flags=("--out", "-o"), aliases=("output_dir",))
     """Directory for trajectories.parquet and queries.parquet."""
     samples_per_question: int = option(5, flags=("--samples-per-question", "-G"), range=AT_LEAST_1)
     """Trajectories per question."""
@@ -353,7 +353,7 @@ class JudgeOptions:
     """OpenAI-compatible API root, e.g. http://host:port/v1 (key: $OPENAI_API_KEY) [none: a local judge]."""
     judge_api: str = option("chat", flags=("--judge-api",))
     """Endpoint API: chat (/chat/completions) or completions (raw prompt)."""
-    out: Path = option(Path("runs/judge"), flags=("--out", "-o"))
+    out: Path = option(Path("runs/judge"), flags=("--out", "-o"), aliases=("output_dir",))
     """Directory for judgments(.balanced).parquet."""
     batch_size: int = option(16, range=AT_LEAST_1)
     """Query rows per batch; the output is rewritten after each."""
@@ -380,7 +380,7 @@ class WarmupOptions:
 
     qa: str = option(argument=True)
     """QA file (jsonl or Parquet) to play: each question, then its first gold answer."""
-    out: Path = option(Path("runs/warmup/trajectories.parquet"), flags=("--out", "-o"))
+    out: Path = option(Path("runs/warmup/trajectories.parquet"), flags=("--out", "-o"), aliases=("output_dir",))
     """TRAJECTORY Parquet for `zsearch sft`."""
 
 
@@ -417,7 +417,7 @@ class GenerateOptions:
 
     generate_only: bool = option(False, flags=("--generate-only",))
     """Write a QA set from the proposer without training."""
-    out: Optional[Path] = option(None, flags=("--out", "-o"))
+    out: Optional[Path] = option(None, flags=("--out", "-o"), aliases=("output_dir",))
     """Training: run directory [runs/propose]; --generate-only: output Parquet, PROPOSED_QA
     [runs/propose/questions.parquet]."""
     num_questions: int = option(64, range=AT_LEAST_1)

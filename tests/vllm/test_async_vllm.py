@@ -3,6 +3,8 @@ VLLMBackend's submit/step, with the same trajectories as the sync engine's gener
 
 from __future__ import annotations
 
+import time
+
 from typing import Any
 
 import pytest
@@ -33,6 +35,10 @@ class StreamingTiny(SearchingTiny):
         return self.inner.submit(prompts, params, stop)
 
     def step(self):
+        # A decode step as slow as a GPU's at a real batch size (~20 ms): on a fast CPU the tiny
+        # model decodes a 6-token turn in a few ms, before even a 50 ms search returns, and the
+        # test would then see no turn join a running batch although the engine allows it.
+        time.sleep(0.02)
         finished = self.inner.step()
         self.act([out for _, out in finished])
         return finished
