@@ -12,6 +12,7 @@ Heavy imports (torch, transformers) happen inside functions so the CLI starts qu
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -156,7 +157,37 @@ def resolve_model_path(name: str) -> str:
         return str(path)
     if name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:  # hub ids are 'org/name'
         raise ZsearchError(f"{name}: no such model folder")
+    check_hub_id(name)
     return name
+
+
+@functools.lru_cache(maxsize=64)
+def check_hub_id(name: str) -> None:
+    """A hub id that is neither in the local Hugging Face cache nor on a reachable hub fails
+    here, in one line and at once: transformers would otherwise retry a mistyped id for
+    minutes on a machine without network (issue 23). With ``HF_HUB_OFFLINE`` set only the
+    cache is looked at; a gated or private model the hub will not list is left to
+    transformers (and the token)."""
+    try:
+        from huggingface_hub import model_info, try_to_load_from_cache
+        from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+    except ImportError:  # an older huggingface_hub: transformers decides
+        return
+    if isinstance(try_to_load_from_cache(name, "config.json"), str):
+        return
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        raise ZsearchError(f"{name}: not a local folder and not in the Hugging Face cache, and HF_HUB_OFFLINE is "
+                           f"set: download it first (hf download {name}), or pass a local folder")
+    try:
+        model_info(name, timeout=10)
+    except GatedRepoError:
+        return
+    except RepositoryNotFoundError:
+        raise ZsearchError(f"{name}: not a local folder, and the hub has no such model (check the name; a "
+                           "private one needs HF_TOKEN)") from None
+    except Exception as err:  # noqa: BLE001 - no network, DNS, proxy: all end the same way
+        raise ZsearchError(f"{name}: not a local folder, not in the Hugging Face cache, and the hub cannot be "
+                           f"reached ({type(err).__name__}): check the name, or pass a local folder") from None
 
 
 def _eos_ids(tokenizer: Any) -> set[int]:
