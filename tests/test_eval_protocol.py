@@ -272,3 +272,19 @@ def test_the_first_run_on_a_machine_names_the_default_models_revision(tmp_path, 
     # the warm adapter names the same base revision, whichever comes first
     base, revision, adapter = model_identity("smollm2-warm")
     assert (base, revision) == ("smollm2", first[1]) and adapter.startswith("smollm2-warm@")
+
+
+def test_a_remote_zsearch_retriever_is_recorded_as_fully_as_a_local_one(demo_index):
+    # Issue 23.7: --search http://… recorded the corpus only (k1, b, analyzer, encoder were
+    # empty). A zsearch server's /health now carries the index's settings; the protocol of a
+    # remote search equals the local one's on every retriever field but the retriever (the URL).
+    from zsearch_cli.protocol import REMOTE_SETTINGS, _retriever
+    from zsearch_cli.retrieval.index import load_index
+    from zsearch_cli.retrieval.server import create_app, serving
+
+    local = _retriever("bm25", demo_index, strict=True)
+    with serving(create_app(load_index(demo_index), method="bm25")) as url:
+        remote = _retriever(url, None, strict=True)
+    assert remote["retriever"] == url
+    assert {k: remote[k] for k in REMOTE_SETTINGS} == {k: local[k] for k in REMOTE_SETTINGS}
+    assert remote["bm25_k1"] is not None and remote["bm25_analyzer"]

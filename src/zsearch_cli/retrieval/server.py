@@ -179,12 +179,17 @@ class RetrievalService:
         return [hit if hit is not None else fresh[q] for q, hit in zip(queries, found)]
 
     def health(self) -> dict[str, Any]:
+        from zsearch_cli.protocol import index_settings
+
+        manifest = getattr(self.index, "manifest", None)
         return {
             "status": "ok",
             "index": self.index.name,
             "n_docs": len(self.index),
             "methods": list(getattr(self.index, "methods", [])),
             "method": self.method,
+            # what an eval's protocol records for a remote retriever (protocol._served_corpus)
+            "settings": index_settings(manifest, self.method) if isinstance(manifest, dict) else None,
             "cache": {**self.cache.stats(), "index_calls": self.index_calls, "searched": self.searched},
         }
 
