@@ -129,12 +129,12 @@ class AnonPeak:
 
 
 def _timed(fn, repeats: int) -> tuple[float, object]:
-    best, out = float("inf"), None
-    for _ in range(repeats):
-        t = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t)
-    return best, out
+    """Seconds per call at steady state (bench/steady.py: warm up until two calls agree within
+    10%, then the median of at least 5), and the last result."""
+    from steady import steady_median  # bench/ is sys.path[0] for this script and its workers
+
+    secs, out, _ = steady_median(fn, repeats)
+    return secs, out
 
 
 def _dir_mb(path: Path) -> float:
@@ -243,8 +243,7 @@ def _pyserini_worker(root: Path, queries: list[str], topk: int, threads: int, re
         def run():
             return searcher.batch_search(queries, qids, k=topk, threads=max(n, 1))
 
-        run()  # warm-up: the JIT compiles the hot loops
-        secs, _ = _timed(run, repeats)
+        secs, _ = _timed(run, repeats)  # the warm-up lets the JIT compile the hot loops (~10 calls)
         runs[f"plain|{n}"] = {"query_s": secs}
     return {"index_s": index_s, "n": len(queries), "base": base, "peak": _rss_mb(),
             "index_mb": _dir_mb(root / "pyserini-index"), "runs": runs}
@@ -350,7 +349,8 @@ def main() -> None:
     parser.add_argument("--corpus", choices=("zipf", "questions"), default="zipf")
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--topk", type=int, default=3)
-    parser.add_argument("--repeats", type=int, default=3, help="best of this many timed rounds")
+    parser.add_argument("--repeats", type=int, default=5,
+                        help="timed calls after the warm-up (at least 5; the median is reported)")
     parser.add_argument("--rank-bm25-queries", type=int, default=20)
     parser.add_argument("--rank-bm25-max-docs", type=int, default=100_000)
     parser.add_argument("--engines", default="zsearch,bm25s,bm25s-numba,pyserini,rank-bm25",

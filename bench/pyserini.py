@@ -3,7 +3,8 @@
     .venv/bin/python bench/pyserini.py [--pyserini-python /work/pyserini-venv/bin/python]
                                        [--docs 20000] [--queries 1000] [--topk 10]
 
-Two data sets: the bundled demo corpus with its 180 questions (train + test), and a
+Timing: bench/steady.py on both sides (warm-up until two calls agree within 10%, then the
+median of 5). Two data sets: the bundled demo corpus with its 180 questions (train + test), and a
 seeded synthetic corpus whose passages are runs of whitespace-separated pieces of the
 demo corpus's own text (so possessives, numbers, punctuation and inflections occur),
 with queries cut from passages. Pyserini indexes the same passages as JsonCollection
@@ -19,7 +20,7 @@ Pyserini needs Java 11+ and its own venv (it pins its own numpy/transformers):
 
 Without it the bench says so and exits 0. Reported per data set: identical top-3 lists
 (the goal: >= 99% of queries), identical top-k lists, mean overlap@k, and single-thread
-QPS of each engine (search only, index loaded, one batched call each; Pyserini's
+QPS of each engine (search only, index loaded, at steady state; Pyserini's
 ``batch_search`` with threads=1, zsearch's ``SearchIndex.search`` with n_threads=0).
 """
 
@@ -44,13 +45,12 @@ index, queries_path, topk, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys
 queries = [json.loads(l) for l in open(queries_path, encoding="utf-8")]
 searcher = LuceneSearcher(index)  # defaults: BM25 k1=0.9 b=0.4, Lucene's English analyzer
 qids = [str(i) for i in range(len(queries))]
-searcher.batch_search(queries[:20], qids[:20], k=topk, threads=1)  # warm-up (JIT)
-t0 = time.perf_counter()
-hits = searcher.batch_search(queries, qids, k=topk, threads=1)
-elapsed = time.perf_counter() - t0
+elapsed, hits, _ = steady_median(lambda: searcher.batch_search(queries, qids, k=topk, threads=1))
 json.dump({"seconds": elapsed, "hits": [[(h.docid, h.score) for h in hits[q]] for q in qids]},
           open(out, "w"))
 '''
+PYSERINI_SIDE = (Path(__file__).with_name("steady.py").read_text(encoding="utf-8") + "\n" + PYSERINI_SIDE)
+"""The same timing protocol on both sides: steady.py's source runs in Pyserini's venv too."""
 
 
 def find_java_home() -> str | None:
@@ -101,10 +101,9 @@ def run_zsearch(rows: list[dict], queries: list[str], topk: int, work: Path) -> 
         for r in rows:
             fh.write(json.dumps({"id": r["id"], "title": r["title"], "text": r["text"]}) + "\n")
     index = load_index(build_index(corpus, work / "zsearch-index", {"bm25_preset": "pyserini"}), n_threads=0)
-    index.search(queries[:20], topk, "bm25")  # warm-up
-    t0 = time.perf_counter()
-    hits = index.search(queries, topk, "bm25")
-    elapsed = time.perf_counter() - t0
+    from steady import steady_median  # bench/ is sys.path[0]
+
+    elapsed, hits, _ = steady_median(lambda: index.search(queries, topk, "bm25"))
     return [[p.id for p in h] for h in hits], elapsed
 
 
