@@ -72,7 +72,7 @@ def test_a_hub_id_that_cannot_load_fails_at_once(monkeypatch, tmp_path):
     import pytest
 
     from zsearch_cli.errors import ZsearchError
-    from zsearch_cli.models.loading import check_hub_id, resolve_model_path
+    from zsearch_cli.models.loading import check_hub_id, loadable_model_path
 
     monkeypatch.setenv("HF_HOME", str(tmp_path))  # an empty cache
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
@@ -80,10 +80,10 @@ def test_a_hub_id_that_cannot_load_fails_at_once(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(ZsearchError, match="nosuch-org/nosuch-model: not a local folder and not in the Hugging "
                                            "Face cache, and HF_HUB_OFFLINE is set"):
-        resolve_model_path("nosuch-org/nosuch-model")
+        loadable_model_path("nosuch-org/nosuch-model")
     monkeypatch.delenv("HF_HUB_OFFLINE")
     check_hub_id.cache_clear()
     # no network here (CI): "cannot be reached"; with network: the hub has no such model
     with pytest.raises(ZsearchError, match="nosuch-org/nosuch-model: not a local folder, .*(cannot be reached|no such model)"):
-        resolve_model_path("nosuch-org/nosuch-model")
+        loadable_model_path("nosuch-org/nosuch-model")
     check_hub_id.cache_clear()

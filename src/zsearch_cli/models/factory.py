@@ -11,7 +11,7 @@ import importlib.util
 from typing import TYPE_CHECKING, Any
 
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.models.loading import is_lora_checkpoint, load_model, merged_lora_dir, resolve_model_path
+from zsearch_cli.models.loading import is_lora_checkpoint, load_model, loadable_model_path, merged_lora_dir
 
 if TYPE_CHECKING:
     from zsearch_cli.models.base import GenerationBackend
@@ -43,7 +43,7 @@ def load_backend(
     if backend == "vllm":
         from zsearch_cli.models.vllm import VLLMBackend
 
-        path = resolve_model_path(name_or_path)
+        path = loadable_model_path(name_or_path)
         if is_lora_checkpoint(path):
             name_or_path = merged_lora_dir(path)
         return VLLMBackend(name_or_path, dtype=dtype, **vllm_kwargs)

@@ -157,8 +157,16 @@ def resolve_model_path(name: str) -> str:
         return str(path)
     if name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:  # hub ids are 'org/name'
         raise ZsearchError(f"{name}: no such model folder")
-    check_hub_id(name)
     return name
+
+
+def loadable_model_path(name: str) -> str:
+    """:func:`resolve_model_path`, and for a hub id the check that it can load at all
+    (:func:`check_hub_id`): what every loader calls before transformers or vLLM."""
+    path = resolve_model_path(name)
+    if not Path(path).exists():
+        check_hub_id(path)
+    return path
 
 
 @functools.lru_cache(maxsize=64)
@@ -225,7 +233,7 @@ def load_tokenizer(name_or_path: str) -> Any:
     """The tokenizer for a model, with pad chosen by :func:`_choose_pad_token`."""
     from transformers import AutoTokenizer
 
-    path = resolve_model_path(name_or_path)
+    path = loadable_model_path(name_or_path)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as err:
@@ -272,7 +280,7 @@ def load_model(
     """
     from transformers import AutoModelForCausalLM
 
-    path = resolve_model_path(name_or_path)
+    path = loadable_model_path(name_or_path)
     for weights in sorted(Path(path).glob("*.safetensors")) if Path(path).is_dir() else []:
         problem = safetensors_problem(weights)  # a cut file is one line, not safetensors' traceback
         if problem:

@@ -179,7 +179,7 @@ class RetrievalService:
         return [hit if hit is not None else fresh[q] for q, hit in zip(queries, found)]
 
     def health(self) -> dict[str, Any]:
-        from zsearch_cli.protocol import index_settings
+        from zsearch_cli.retrieval.settings import index_settings
 
         manifest = getattr(self.index, "manifest", None)
         return {
