@@ -198,6 +198,11 @@ def test_full_run_exports_and_refuses_what_it_should(tmp_path, tiny_model_dir, d
     _ok(["export", out2, "--out", tmp_path / "f", "--force", "--dtype", "float16"])
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "f").dtype == torch.float16
     assert not list(tmp_path.glob(".f.tmp-*"))  # the temp folder is gone
+    # shareable: every file with the mode open() gives (transformers writes its weights 0600)
+    from zsearch_cli.files import umask_mode
+
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in (tmp_path / "f").iterdir()} == {
+        p.name: oct(umask_mode(0o666)) for p in (tmp_path / "f").iterdir()}
     bad = runner.invoke(app, ["export", str(out2), "--out", str(out2)])
     assert bad.exit_code == 2 and "is (or holds) the source" in bad.output
 

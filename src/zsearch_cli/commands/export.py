@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.files import mkdtemp_like_mkdir
+from zsearch_cli.files import mkdtemp_like_mkdir, umask_mode
 
 EXPORT_FILE = "zsearch_export.json"
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -257,6 +257,8 @@ def export(source: Path, out: Path, *, merge_lora: bool = False, dtype: str = "a
                 "protocol": protocol, "config": config}
         (tmp / EXPORT_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
         (tmp / "README.md").write_text(model_card(info, eval_rows(run, eval_dir), out.name))
+        for f in tmp.iterdir():  # transformers writes the weights 0600: an export is meant to be shared
+            f.chmod(umask_mode(0o666))
         if out.exists():
             shutil.rmtree(out) if out.is_dir() else out.unlink()
         os.rename(tmp, out)
