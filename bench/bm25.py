@@ -35,6 +35,8 @@ import threading
 import time
 from pathlib import Path
 
+from steady import steady_median  # bench/steady.py: bench/ is sys.path[0] here and in every worker
+
 import numpy as np
 
 K1, B = 1.2, 0.75
@@ -131,8 +133,6 @@ class AnonPeak:
 def _timed(fn, repeats: int) -> tuple[float, object]:
     """Seconds per call at steady state (bench/steady.py: warm up until two calls agree within
     10%, then the median of at least 5), and the last result."""
-    from steady import steady_median  # bench/ is sys.path[0] for this script and its workers
-
     secs, out, _ = steady_median(fn, repeats)
     return secs, out
 
