@@ -127,7 +127,8 @@ def policy_forward(model: Any, batch: Batch, temperature: float, entropy: bool =
     if temperature != 1.0:
         z = z / temperature
     targets = batch.targets[sel]  # [M]
-    full = z.log_softmax(-1)  # [M, V]
+    # the full log-softmax only where it is read: the logprobs at top_p = 1, the entropy always
+    full = z.log_softmax(-1) if top_p >= 1.0 or entropy else None  # [M, V]
     if top_p < 1.0:
         picked = token_logprobs(z, targets, 1.0, top_p)  # [M]: the nucleus, already tempered
     else:
@@ -136,6 +137,7 @@ def policy_forward(model: Any, batch: Batch, temperature: float, entropy: bool =
     ent = None
     if entropy:
         with torch.no_grad():
+            assert full is not None
             lsm = full.detach()
             # H = -sum p log p; a token of probability 0 (a -inf logit) adds 0, not 0 * -inf
             h = -(lsm.exp() * lsm.clamp_min(torch.finfo(lsm.dtype).min)).sum(-1)  # [M]
