@@ -23,7 +23,7 @@ openai = pytest.importorskip("openai")
 from zsearch_cli.agent.server import create_app  # noqa: E402
 from zsearch_cli.errors import ZsearchError  # noqa: E402
 from zsearch_cli.models.base import GenerationOutput  # noqa: E402
-from zsearch_cli.options import AgentServeOptions, EvalOptions  # noqa: E402
+from zsearch_cli.config.commands import AgentServeOptions, EvalOptions  # noqa: E402
 from zsearch_cli.retrieval.server import serving  # noqa: E402
 from zsearch_cli.rollout.build import MAKE, build_engine  # noqa: E402
 from zsearch_cli.rollout.engine import QARow  # noqa: E402
@@ -304,7 +304,7 @@ def test_agent_serve_options_are_declared_fields():
     import typer
 
     from zsearch_cli.cli import agent_serve, app
-    from zsearch_cli.cli_options import range_for
+    from zsearch_cli.config.ranges import range_for
 
     cmd = typer.main.get_command(app).commands["agent"].commands["serve"]
     options = {o.param: o for o in agent_serve.options.values()}

@@ -15,7 +15,7 @@ import typer
 from typer.testing import CliRunner
 
 from zsearch_cli.cli import app
-from zsearch_cli.cli_options import range_for
+from zsearch_cli.config.ranges import range_for
 
 runner = CliRunner()
 
@@ -128,7 +128,7 @@ def test_every_out_of_range_value_is_refused_before_any_work(command, flag, bad,
 
 
 def test_in_range_boundaries_pass_validation():
-    from zsearch_cli.cli_options import Range
+    from zsearch_cli.config.ranges import Range
 
     assert Range(0).contains(0) and not Range(0, lo_open=True).contains(0)
     assert Range(0, 1, lo_open=True).contains(1) and not Range(0, 1, hi_open=True).contains(1)

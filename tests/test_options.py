@@ -12,7 +12,8 @@ import typer
 from typer.testing import CliRunner
 
 from zsearch_cli.cli import app
-from zsearch_cli.cli_options import _docstrings, range_for
+from zsearch_cli.config.fields import _docstrings
+from zsearch_cli.config.ranges import range_for
 from zsearch_cli.presets import PRESETS
 
 runner = CliRunner()

@@ -10,8 +10,8 @@ import typer
 from zsearch_cli import __version__, cli_drzero, cli_train
 from zsearch_cli.cli_options import command
 from zsearch_cli.cli_base import OneLineErrors, resolved_options, show_ranges_in_help
-from zsearch_cli.options import (AgentServeOptions, CollectOptions, EvalOptions, IndexOptions, JudgeOptions,
-                                 QueryOptions, ServeOptions, ShowOptions)
+from zsearch_cli.config.commands import (AgentServeOptions, CollectOptions, EvalOptions, IndexOptions, JudgeOptions,
+                                         QueryOptions, ServeOptions, ShowOptions)
 
 app = typer.Typer(
     name="zsearch",

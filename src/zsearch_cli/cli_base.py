@@ -21,7 +21,7 @@ from typer.core import TyperGroup
 
 from zsearch_cli.errors import ZsearchError, install_log_redaction, one_line
 from zsearch_cli.progress import Stopped
-from zsearch_cli.ranges import ANY, range_for
+from zsearch_cli.config.ranges import ANY, range_for
 
 try:  # recent typer ships its own copy of click
     from typer._click.exceptions import ClickException, NoArgsIsHelpError

@@ -13,9 +13,13 @@ from pathlib import Path
 
 import typer
 
-from zsearch_cli.cli_options import Range, build, command
+from zsearch_cli.config.ranges import Range
+
+from zsearch_cli.config.fields import build
+
+from zsearch_cli.cli_options import command
 from zsearch_cli.cli_base import resolved_options
-from zsearch_cli.options import GenerateOptions
+from zsearch_cli.config.commands import GenerateOptions
 from zsearch_cli.presets import PRESETS, apply_preset
 from zsearch_cli.commands.drzero import DrZeroOptions
 from zsearch_cli.train.config import TrainConfig

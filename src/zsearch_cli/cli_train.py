@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import typer
 
-from zsearch_cli.cli_options import command, project
+from zsearch_cli.cli_options import command
+
+from zsearch_cli.config.fields import project
 from zsearch_cli.cli_base import resolved_options
-from zsearch_cli.options import ExportOptions, PlotOptions, WarmupOptions
+from zsearch_cli.config.commands import ExportOptions, PlotOptions, WarmupOptions
 from zsearch_cli.train.config import TrainConfig
 from zsearch_cli.train.sft_config import SFTConfig, SimSFTOptions
 

@@ -29,7 +29,7 @@ from rich.table import Table
 from zsearch_cli.data.demo import demo_qa
 from zsearch_cli.data.qa import load_qa
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.options import CollectOptions
+from zsearch_cli.config.commands import CollectOptions
 from zsearch_cli.rewards import score_answer
 from zsearch_cli.rollout.trajectory import Trajectory
 from zsearch_cli.schemas import COLLECTED_QUERY, TRAJECTORY, read_artifact, read_metadata, write_artifact

@@ -33,9 +33,11 @@ from typing import Any, Callable, Optional
 
 from rich.console import Console
 
-from zsearch_cli.cli_options import AT_LEAST_1, POSITIVE, Range, Record, option, uses
+from zsearch_cli.config.ranges import AT_LEAST_1, POSITIVE, Range
+
+from zsearch_cli.config.fields import Record, option, uses
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.options import ModelOptions, OptimConfig, ProposerOptions, RolloutOptions, RunConfig, SearchConfig, Seeded
+from zsearch_cli.config.parts import ModelOptions, OptimConfig, ProposerOptions, RolloutOptions, RunConfig, SearchConfig, Seeded
 from zsearch_cli.presets import PRESETS
 
 LINEAGE = "lineage.json"

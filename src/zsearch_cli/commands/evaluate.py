@@ -49,7 +49,7 @@ from zsearch_cli.data.qa import (
 )
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.progress import ProgressLines, Stopped, active_stop, heartbeat
-from zsearch_cli.options import EvalOptions
+from zsearch_cli.config.commands import EvalOptions
 from zsearch_cli.prompts.baselines import COT_PROMPT, DIRECT_PROMPT, RAG_PROMPT
 from zsearch_cli.protocol import METRIC_VERSION, RESUME_FIELDS, Protocol, build_protocol, differing, file_fingerprint
 from zsearch_cli.rewards import score_answer

@@ -24,7 +24,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.options import JudgeOptions
+from zsearch_cli.config.commands import JudgeOptions
 from zsearch_cli.prompts.judge import JUDGE_PROMPT_VERSION, LABELS, build_judge_prompt, parse_verdict
 from zsearch_cli.schemas import COLLECTED_QUERY, JUDGMENT, read_artifact, read_metadata, write_artifact
 

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.options import GenerateOptions
+from zsearch_cli.config.commands import GenerateOptions
 from zsearch_cli.prompts import format_source_document, render_proposer_prompt
 from zsearch_cli.retrieval.base import Passage
 from zsearch_cli.rewards import em, extract_question_answer, proposer_format_reward, proposer_reward

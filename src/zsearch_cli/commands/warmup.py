@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.options import WarmupOptions
+from zsearch_cli.config.commands import WarmupOptions
 from zsearch_cli.models.base import GenerationOutput, SamplingParams
 from zsearch_cli.rollout.engine import QARow, RolloutConfig, RolloutEngine
 from zsearch_cli.rollout.trajectory import Trajectory

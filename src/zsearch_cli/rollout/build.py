@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from zsearch_cli.cli_options import project
+from zsearch_cli.config.fields import project
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.rollout.engine import RolloutConfig, RolloutEngine
 

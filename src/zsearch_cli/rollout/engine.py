@@ -19,10 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from zsearch_cli.cli_options import uses
+from zsearch_cli.config.fields import uses
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.models.base import GenerationBackend, SamplingParams, mix_seed
-from zsearch_cli.options import RolloutOptions
+from zsearch_cli.config.parts import RolloutOptions
 from zsearch_cli.retrieval.base import Passage
 from zsearch_cli.rollout.trajectory import Trajectory
 from zsearch_cli.search.base import SearchBackend, SearchBackendError, SearchRequest, SearchResult, search_grouped

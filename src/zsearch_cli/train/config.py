@@ -15,9 +15,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from zsearch_cli.cli_options import ANY, AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, Range, Record, option, uses
+from zsearch_cli.config.ranges import ANY, AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, Range
+
+from zsearch_cli.config.fields import Record, option, uses
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.options import ModelOptions, OptimConfig, RolloutOptions, RunConfig, SearchConfig, Seeded, ValidationConfig
+from zsearch_cli.config.parts import ModelOptions, OptimConfig, RolloutOptions, RunConfig, SearchConfig, Seeded, ValidationConfig
 from zsearch_cli.presets import apply_preset
 
 REWARDS = ("em", "f1", "subem")

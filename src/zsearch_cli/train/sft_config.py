@@ -10,8 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from zsearch_cli.cli_options import AT_LEAST_0, AT_LEAST_1, POSITIVE, Range, Record, option, uses
-from zsearch_cli.options import ModelOptions, OptimConfig, RunConfig, Seeded
+from zsearch_cli.config.ranges import AT_LEAST_0, AT_LEAST_1, POSITIVE, Range
+
+from zsearch_cli.config.fields import Record, option, uses
+from zsearch_cli.config.parts import ModelOptions, OptimConfig, RunConfig, Seeded
 
 
 @dataclass(kw_only=True)

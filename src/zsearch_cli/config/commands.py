@@ -1,14 +1,8 @@
-"""Every command's options, each declared once: the parts several commands share, and the
-options of the commands that have no library config of their own.
+"""The options of each command that has no library config of its own (``zsearch eval``,
+``collect``, ``serve`` …): its own fields, and the shared parts of ``config/parts.py`` it
+uses. ``TrainConfig`` and ``SFTConfig`` live beside their trainers.
 
-Each field is one option: its default, its docstring (the ``--help`` text) and, through
-:func:`~zsearch_cli.cli_options.option`, its flags and accepted range. A command's options
-are a dataclass that composes parts with :func:`~zsearch_cli.cli_options.uses` (picking
-fields and, where a paper's setting differs, their defaults) and declares its own fields;
-:func:`~zsearch_cli.cli_options.command` makes the typer command from it. The training
-configs (``TrainConfig``, ``SFTConfig``) compose the same parts.
-
-Light on purpose: the CLI imports this module to build ``--help``.
+Light on purpose (no typer, no torch): the CLI imports it to build ``--help``.
 """
 
 from __future__ import annotations
@@ -17,147 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from zsearch_cli.cli_options import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, Range, option, uses
-
-# ----------------------------------------------------------------------------- shared parts
-
-
-@dataclass(kw_only=True)
-class ModelOptions:
-    """The model a command loads and where it runs."""
-
-    model: str = "smollm2"
-    """HF id, local path, checkpoint dir, or the smollm2 alias."""
-    backend: str = "auto"
-    """Generation backend: hf, vllm or auto (vLLM with CUDA when installed)."""
-    device: str = "auto"
-    """auto, cpu or cuda (under accelerate launch: the process's device)."""
-    dtype: str = "auto"
-    """auto (bf16 on CUDA, fp32 on CPU), float32, bfloat16."""
-
-
-@dataclass(kw_only=True)
-class SearchConfig:
-    """The search backend the agent's queries go to."""
-
-    search: str = "bm25"
-    """bm25, dense, hybrid, http://host:port, serpapi, or (train, solve) the ZeroSearch simulator:
-    sim:MODEL[?opt=v&..] or sim+http://host:port/v1."""
-    index: Optional[Path] = option(None, flags=("--index",), param="index_dir")
-    """Index directory for in-process search [runs/index]."""
-
-
-@dataclass(kw_only=True)
-class RolloutOptions:
-    """The rollout engine's limits and sampling; ``RolloutConfig`` (the engine's config) is made of them."""
-
-    protocol: str = "tags"
-    """tags (Search-R1) or tool_call (Dr. Zero)."""
-    topk: int = option(3, range=AT_LEAST_1)
-    """Passages per search."""
-    max_turns: int = option(4, range=AT_LEAST_0)
-    """Search turns before the final no-search turn."""
-    max_turn_tokens: int = option(500, range=AT_LEAST_1)
-    """New tokens per turn (TRL's max_completion_length caps a whole completion instead)."""
-    max_obs_tokens: int = option(500, range=AT_LEAST_1)
-    """Tokens per observation (whole passages are cut)."""
-    max_context_tokens: int = option(4096, range=AT_LEAST_1)
-    """Prompt + response token budget."""
-    temperature: float = option(1.0, range=AT_LEAST_0)
-    """Sampling temperature (0 = greedy); training computes its logprobs at the same temperature."""
-    top_p: float = option(1.0, range=Range(0, 1, lo_open=True))
-    """Nucleus sampling mass."""
-    rollout_mode: str = "sync"
-    """sync (every sample generates a turn, then the turn's searches run) or async (each sample
-    advances on its own: it searches while others generate); both give the same samples."""
-    search_concurrency: int = option(16, range=AT_LEAST_1)
-    """Search calls in flight at once in async mode (a backend that is not thread-safe gets one)."""
-
-
-@dataclass(kw_only=True)
-class Seeded:
-    seed: int = option(0, range=Range(0, 2**32 - 1, why="numpy's seed range"))
-    """Seeds everything the command draws at random (data order, sampling, splits)."""
-
-
-@dataclass(kw_only=True)
-class Subset:
-    limit: Optional[int] = option(None, range=AT_LEAST_1)
-    """Only the first N questions (rows) of each input [all]."""
-
-
-@dataclass(kw_only=True)
-class OptimConfig:
-    """The optimizer, its schedule, and what it trains (LoRA)."""
-
-    lr: float = option(1e-6, range=POSITIVE, aliases=("learning_rate",))
-    """Peak learning rate (policy/actor)."""
-    lr_schedule: str = "constant"
-    """constant or cosine (to min_lr_ratio · lr at the last step), after the warmup."""
-    warmup_ratio: float = option(0.0, range=FRACTION)
-    """Fraction of the steps with a linear warmup (Dr. Zero: 0.03)."""
-    min_lr_ratio: float = option(0.0, range=FRACTION)
-    """Cosine floor as a fraction of the peak lr."""
-    weight_decay: float = option(0.0, range=AT_LEAST_0)
-    """AdamW weight decay (verl's actor default is 0.01; Dr. Zero's 0.01)."""
-    max_grad_norm: float = option(1.0, range=AT_LEAST_0)
-    """Clip the global gradient norm to this (0 = off; the norm is still logged)."""
-    lora_r: int = option(0, range=AT_LEAST_0)
-    """LoRA rank (0 = full fine-tune)."""
-    lora_alpha: int = option(16, range=AT_LEAST_1)
-    """LoRA alpha (scale alpha/r)."""
-    lora_targets: str = "q_proj,k_proj,v_proj,o_proj"
-    """Comma list of module names that get LoRA adapters."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in the backward pass (less memory, ~30% slower updates)."""
-
-
-@dataclass(kw_only=True)
-class RunConfig:
-    """Where a training run writes, how it checkpoints, resumes and reports."""
-
-    out: Path = option(Path("runs/train"), flags=("--out", "-o"), aliases=("output_dir",))
-    """Run directory: checkpoints/, final/, metrics."""
-    save_every: int = option(50, range=AT_LEAST_0)
-    """Checkpoint every N steps (0 = final only)."""
-    keep_checkpoints: int = option(2, range=AT_LEAST_1)
-    """Most recent checkpoints to keep."""
-    resume: bool = False
-    """Continue from the latest checkpoint in --out (a fresh start if there is none)."""
-    save_rollouts: bool = False
-    """Write OUT/rollouts/step-N.parquet (ROLLOUT artifact) every step."""
-    report_to: str = "none"
-    """none, tensorboard or wandb (through accelerate's trackers)."""
-
-
-@dataclass(kw_only=True)
-class ValidationConfig:
-    """Validation during training: greedy, on a real search engine."""
-
-    val_data: Optional[str] = None
-    """QA file to validate on during training (greedy, real search) [none: no validation]."""
-    val_every: int = option(50, range=AT_LEAST_0)
-    """Validate every N steps and after the last (0 = after the last only)."""
-    val_limit: Optional[int] = option(None, range=AT_LEAST_1)
-    """Validate on the first N questions only [all]."""
-    val_search: Optional[str] = None
-    """Validation search backend [bm25 over --index]."""
-    val_allow_sim: bool = option(False, flags=("--val-allow-sim",))
-    """Allow a sim: --val-search (validation measures real search by default)."""
-
-
-# ----------------------------------------------------------------------------- index / search / serve / show / plot
-
-
-@dataclass(kw_only=True)
-class RetrievalOptions:
-    """An index on disk and how to query it."""
-
-    index: Path = option(Path("runs/index"), flags=("--index",), param="index_dir")
-    """Index directory from `zsearch index`."""
-    method: str = "auto"
-    """bm25, dense, hybrid, or auto (hybrid when both exist)."""
-
+from zsearch_cli.config.fields import option, uses
+from zsearch_cli.config.parts import (ModelOptions, ProposerOptions, RetrievalOptions, RolloutOptions, SearchConfig,
+                                      Seeded, Subset)
+from zsearch_cli.config.ranges import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, Range
 
 @dataclass(kw_only=True)
 @uses(ModelOptions, "device")
@@ -260,9 +117,6 @@ class PlotOptions:
     """PNG to write [RUN_DIR/curves.png]."""
     title: Optional[str] = option(None, flags=("--title",))
     """Figure title [zsearch train: RUN_DIR's name]."""
-
-
-# ----------------------------------------------------------------------------- eval / collect / judge / warmup-data
 
 
 @dataclass(kw_only=True)
@@ -384,26 +238,6 @@ class WarmupOptions:
     """TRAJECTORY Parquet for `zsearch sft`."""
 
 
-
-# ----------------------------------------------------------------------------- Dr. Zero
-
-
-@dataclass(kw_only=True)
-class ProposerOptions:
-    """The Dr. Zero proposer's reward: the frozen solver and the hop mix."""
-
-    solver_model: Optional[str] = None
-    """Frozen solver that measures difficulty [same as --model; loaded as a separate copy]. With
-    --solver-url: its tokenizer."""
-    solver_url: Optional[str] = None
-    """OpenAI-compatible server the solver answers from, e.g. `vllm serve SOLVER` at
-    http://127.0.0.1:8000/v1 (token ids in and out) [none: an in-process copy]."""
-    solver_samples: int = option(5, range=Range(2, why="the difficulty reward divides by n - 1"))
-    """Solver answers per question (n of the difficulty reward)."""
-    hop_ratio: str = "4:3:2:1"
-    """Ratio of 1:2:3:4-hop questions."""
-
-
 @dataclass(kw_only=True)
 @uses(ModelOptions, "model", "backend", "device")
 @uses(SearchConfig, index=Path("runs/index"))
@@ -426,9 +260,6 @@ class GenerateOptions:
     """--generate-only: proposer samples per prompt; the best by format score is kept."""
     batch_size: int = option(16, range=AT_LEAST_1)
     """Proposer prompts per step (training) or per batch (generation)."""
-
-
-# ----------------------------------------------------------------------------- agent serve
 
 
 @dataclass(kw_only=True)
