@@ -27,7 +27,8 @@ from zsearch_cli.data.demo import demo_qa
 from zsearch_cli.models.base import SamplingParams
 from zsearch_cli.models.hf import HFBackend
 from zsearch_cli.models.loading import load_model
-from zsearch_cli.rollout.engine import QARow, RolloutConfig, RolloutEngine
+from zsearch_cli.config.parts import RolloutOptions
+from zsearch_cli.rollout.engine import QARow, RolloutEngine
 from zsearch_cli.rollout.protocols import TagsProtocol
 from zsearch_cli.schemas import QA, read_artifact
 
@@ -36,7 +37,7 @@ STOPS = ("</search>", "</answer>")
 
 def _prompts(backend: HFBackend, batch: int) -> list[list[int]]:
     """The engine's own first-turn prompts for the first ``batch`` demo test questions."""
-    engine = RolloutEngine(backend, TagsProtocol(), None, RolloutConfig())
+    engine = RolloutEngine(backend, TagsProtocol(), None, RolloutOptions())
     rows = read_artifact(demo_qa("test"), QA).to_pylist()[:batch]
     return [engine.encode_prompt(QARow(r["id"], r["question"], r["golden_answers"])) for r in rows]
 

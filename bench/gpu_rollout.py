@@ -33,7 +33,8 @@ from helpers import SearchingTiny  # noqa: E402  (the tests' tiny agent: actions
 from zsearch_cli.models.base import SamplingParams  # noqa: E402
 from zsearch_cli.models.hf import HFBackend  # noqa: E402
 from zsearch_cli.retrieval.base import Passage  # noqa: E402
-from zsearch_cli.rollout.engine import QARow, RolloutConfig, RolloutEngine  # noqa: E402
+from zsearch_cli.config.parts import RolloutOptions
+from zsearch_cli.rollout.engine import QARow, RolloutEngine  # noqa: E402
 from zsearch_cli.rollout.protocols import TagsProtocol  # noqa: E402
 from zsearch_cli.search.base import SearchBackend, SearchResult  # noqa: E402
 
@@ -84,11 +85,11 @@ def main() -> None:
               f"{len(tokenizer)}-token vocabulary")
 
     def run(mode: str, search: SearchBackend):
-        cfg = RolloutConfig(max_turns=3, max_turn_tokens=args.turn_tokens, topk=2, temperature=1.0, seed=7,
+        cfg = RolloutOptions(max_turns=3, max_turn_tokens=args.turn_tokens, topk=2, temperature=1.0,
                             rollout_mode=mode, search_concurrency=16)
         agent = SearchingTiny(hf)
         agent.max_batch_size = hf.max_batch_size  # async calls take up to the HF batch, as on a real run
-        engine = RolloutEngine(agent, TagsProtocol(), search, cfg)
+        engine = RolloutEngine(agent, TagsProtocol(), search, cfg, seed=7)
         t0 = time.perf_counter()
         trajs = engine.rollout(rows, group_size=args.group, step=1)
         return time.perf_counter() - t0, trajs

@@ -65,7 +65,8 @@ def setup(root: Path, args: Any) -> tuple[Path, Path, Path]:
     from zsearch_cli.models.tiny import make_tiny_model
     from zsearch_cli.prompts import DRZERO_PROPOSER_TEMPLATE, DRZERO_SOLVER_TEMPLATE, DRZERO_SYSTEM_PROMPT
     from zsearch_cli.retrieval.index import build_index, load_index
-    from zsearch_cli.rollout.engine import RolloutConfig, RolloutEngine
+    from zsearch_cli.config.parts import RolloutOptions
+    from zsearch_cli.rollout.engine import RolloutEngine
     from zsearch_cli.rollout.protocols import ToolCallProtocol
     from zsearch_cli.schemas import TRAJECTORY, write_artifact
     from zsearch_cli.search.factory import make_search_backend
@@ -78,11 +79,11 @@ def setup(root: Path, args: Any) -> tuple[Path, Path, Path]:
     base = make_tiny_model(root / "tiny", seed=0, vocab_size=2000, corpus_text=prompts + "\n" + corpus)
     tok = load_tokenizer(str(base))
     engine = RolloutEngine(Played(tok), ToolCallProtocol(), make_search_backend("bm25", index_dir=index),
-                           RolloutConfig(max_turns=2, max_turn_tokens=48))
+                           RolloutOptions(max_turns=2, max_turn_tokens=48))
     rows = [p.row(tok) for step in range(args.steps + 1)
             for p in proposer_prompts(load_index(index), args.prompts, "4:3:2:1", SEED, step)]
     data = write_artifact([t.to_row() for t in engine.rollout(rows)], root / "warmup.parquet", TRAJECTORY)
-    warm = run_sft(SFTConfig(data=str(data), model=str(base), out=root / "warm", max_steps=args.warmup_steps,
+    warm = run_sft(SFTConfig.from_flat(data=str(data), model=str(base), out=root / "warm", max_steps=args.warmup_steps,
                              lr=5e-3, batch_size=2, max_length=4096, eval_fraction=0.0, save_every=0,
                              warmup_ratio=0.0, device="cpu"))
     return index, base, warm

@@ -51,7 +51,8 @@ from rich.table import Table
 
 from zsearch_cli.models.base import GenerationOutput
 from zsearch_cli.retrieval.index import build_index
-from zsearch_cli.rollout.engine import QARow, RolloutConfig, RolloutEngine
+from zsearch_cli.config.parts import RolloutOptions
+from zsearch_cli.rollout.engine import QARow, RolloutEngine
 from zsearch_cli.rollout.protocols import TagsProtocol
 from zsearch_cli.schemas import read_artifact, QA
 from zsearch_cli.data.demo import demo_qa
@@ -187,7 +188,7 @@ def overhead(rows: int, group: int, tps: float, work: Path) -> dict:
     qa = read_artifact(demo_qa("train"), QA).slice(0, rows).to_pylist()
     batch = [QARow(r["id"], r["question"], r["golden_answers"]) for r in qa]
     gen, search = FakeGenerator(tokenizer, tps), TimedSearch(IndexSearch(index_dir))
-    engine = RolloutEngine(gen, TagsProtocol(), search, RolloutConfig(max_turns=4, topk=3))
+    engine = RolloutEngine(gen, TagsProtocol(), search, RolloutOptions(max_turns=4, topk=3))
     engine.rollout(batch[:2], group_size=1)  # warm-up (imports, caches)
     gen.seconds = search.seconds = 0.0
     gen.tokens = 0
@@ -287,7 +288,7 @@ def compare_modes(args) -> tuple[float, list[dict]]:
     for dist in args.dists.split(","):
         for mode in modes:
             gen, search = generator(), LatencySearch(dist, latency, seed=0)
-            cfg = RolloutConfig(max_turns=max(4, args.searches), topk=3, rollout_mode=mode.split()[0].replace(
+            cfg = RolloutOptions(max_turns=max(4, args.searches), topk=3, rollout_mode=mode.split()[0].replace(
                 "overlap", "async"), search_concurrency=args.search_concurrency)
             engine = RolloutEngine(gen, TagsProtocol(), search, cfg)
             t0 = time.perf_counter()

@@ -1,218 +1,299 @@
-"""Retrieval server latency and throughput: `zsearch serve` over a synthetic 100k-passage BM25 index.
+"""`zsearch serve` under RL load: QPS, p50/p99 and failures at up to 256 concurrent clients,
+with 1 and 2 workers, beside Search-R1's own `retrieval_server.py` on the same BM25 corpus.
 
-What a rollout sees: each client thread sends batches of ``--batch`` queries through
-:class:`RetrievalClient` (the same HTTP path the rollout engine uses) and the latency of each
-request is timed end to end. Every query is new, so the index does real work (no cache hits),
-except in the last row, which replays level-16 traffic to show what the cache buys.
+Two request shapes, each for ``--seconds`` per (server, clients) cell:
 
-    python bench/serve.py                      # 100k passages, 1/4/16 clients, 200 requests each
-    python bench/serve.py --docs 20000 --requests 100
+* ``single``: one query per request, topk 3 (slime's ``search_concurrency`` 256, verl's tool);
+* ``batch``: Search-R1's GRPO turn, 512 prompts x 5 samples = 2560 queries, topk 3.
 
-Target (2-core box): p50 under 20 ms for a 16-query BM25 batch on 100k passages.
+Every query is new (a counter makes each one unique; an unknown token costs BM25 nothing),
+so no server answers from a cache. The clients are asyncio keep-alive connections in this
+process, one per client; a failure is a non-200 answer, a broken connection, a wrong number
+of results, or no answer within ``--timeout``. Corpora: the bundled demo corpus (525
+passages) and, with ``--big N`` (e.g. 1000000), N synthetic passages cut from its text
+(bench/pyserini.py's generator; built once under ``--workdir``). Both sides index the same
+passages with Lucene's BM25 settings (zsearch: ``--bm25-preset pyserini``).
+
+Search-R1's server runs unchanged from a checkout (``--search-r1 DIR``, e.g. the ``fetch``ed
+github:PeterGriffinJin/Search-R1) with a Python that has pyserini, fastapi, uvicorn,
+datasets, faiss and torch (``--search-r1-python``; default /work/pyserini-venv/bin/python)
+and Java; its ``uvicorn.run`` is pointed at 127.0.0.1 and a free port (it hard-codes
+0.0.0.0:8000). Without those it prints one line saying so and goes on.
+
+    python bench/serve.py --clients 64,256 --seconds 60 --workers 1,2 --big 1000000 \\
+        --workdir /tmp/zsearch-bench-serve --search-r1 /path/to/Search-R1 --json serve.json
+    python bench/serve.py --clients 16 --seconds 3 --shapes single      # a quick look
+
+Goals: 0 failures at 256 clients; p99 < 2x p50 at 64 clients (single); --workers 2 >= 1.6x
+one worker's single-query QPS (on 2 cores).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
 import re
-import statistics
+import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, Iterator
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 from rich.console import Console
 from rich.table import Table
 
-from zsearch_cli.retrieval.client import RetrievalClient
-
-SYLLABLES = "ka to ri mu se na lo pe vi zu ta mo ki re su no ha li be go da fe ni ro".split()
-console = Console()
-
-
-def vocabulary(size: int, rng: np.random.Generator) -> np.ndarray:
-    """``size`` distinct pseudo-words of 2-4 syllables (rank 0 is the most frequent)."""
-    words: dict[str, None] = {}
-    while len(words) < size:
-        n = int(rng.integers(2, 5))
-        words["".join(rng.choice(SYLLABLES, n))] = None
-    return np.array(list(words), dtype=object)
+console = Console(width=150)
+BATCH = 512 * 5
+TOPK = 3
+HERE = Path(__file__).resolve().parent
 
 
-def zipf_probs(size: int, exponent: float = 1.0) -> np.ndarray:
-    p = 1.0 / np.arange(1, size + 1) ** exponent
-    return p / p.sum()
+def _bench_pyserini() -> Any:
+    """bench/pyserini.py (its corpus generators and Java lookup), loaded by path: its module
+    name would shadow the real pyserini package."""
+    spec = importlib.util.spec_from_file_location("bench_pyserini", HERE / "pyserini.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def write_corpus(path: Path, docs: int, seed: int, vocab_size: int = 30_000) -> np.ndarray:
-    """A seeded Zipfian corpus of 60-140-word passages (wiki-18's are 100 words) as Parquet.
-
-    Lengths vary so BM25's length normalisation spreads the scores as on real text."""
-    rng = np.random.default_rng(seed)
-    vocab = vocabulary(vocab_size, rng)
-    probs = zipf_probs(vocab_size)
-    ids, titles, texts = [], [], []
-    chunk = 10_000
-    for start in range(0, docs, chunk):
-        n = min(chunk, docs - start)
-        draws = vocab[rng.choice(vocab_size, size=(n, 140), p=probs)]
-        lengths = rng.integers(60, 141, size=n)
-        for i, (row, length) in enumerate(zip(draws, lengths)):
-            ids.append(f"doc{start + i}")
-            titles.append(" ".join(row[:2]).title())
-            texts.append(" ".join(row[:length]))
-    pq.write_table(pa.table({"id": ids, "title": titles, "text": texts}), path)
-    return vocab
+# ----------------------------------------------------------------------------- corpora
 
 
-def make_queries(vocab: np.ndarray, n: int, seed: int) -> list[str]:
-    """``n`` distinct queries of 3-6 words, drawn Zipf-like but skipping the 20 most common words."""
-    rng = np.random.default_rng(seed)
-    probs = zipf_probs(len(vocab) - 20, 0.8)
-    out: dict[str, None] = {}
-    while len(out) < n:
-        k = int(rng.integers(3, 7))
-        out[" ".join(vocab[20 + rng.choice(len(probs), size=k, p=probs)])] = None
-    return list(out)
-
-
-def build(workdir: Path, docs: int, seed: int) -> tuple[Path, np.ndarray]:
-    """Corpus and index under ``workdir``, reused when a previous run left them there."""
+def prepare(name: str, rows: list[dict], queries: list[str], work: Path) -> dict[str, Any]:
+    """The corpus as zsearch's input and as Pyserini's JsonCollection, and the zsearch index
+    (kept under ``work`` and reused)."""
     from zsearch_cli.retrieval.index import build_index
 
-    corpus, index_dir = workdir / "corpus.parquet", workdir / "index"
-    vocab_file = workdir / "vocab.json"
-    if not (index_dir.exists() and vocab_file.exists()):
+    work.mkdir(parents=True, exist_ok=True)
+    corpus, docs = work / "corpus.jsonl", work / "pyserini-docs" / "docs.jsonl"
+    if not (work / "zsearch-index").exists():
+        docs.parent.mkdir(exist_ok=True)
+        with open(corpus, "w", encoding="utf-8") as a, open(docs, "w", encoding="utf-8") as b:
+            for r in rows:
+                a.write(json.dumps({"id": r["id"], "title": r["title"], "text": r["text"]}) + "\n")
+                b.write(json.dumps({"id": r["id"], "contents": f'"{r["title"]}"\n{r["text"]}'}) + "\n")
         t0 = time.perf_counter()
-        vocab = write_corpus(corpus, docs, seed)
-        vocab_file.write_text(json.dumps(list(vocab)))
-        console.print(f"corpus: {docs} passages in {time.perf_counter() - t0:.1f}s")
-        t0 = time.perf_counter()
-        build_index(corpus, index_dir, {"kind": "bm25"})
-        console.print(f"index:  built in {time.perf_counter() - t0:.1f}s")
-    return index_dir, np.array(json.loads(vocab_file.read_text()), dtype=object)
+        build_index(corpus, work / "zsearch-index", {"bm25_preset": "pyserini"})
+        console.print(f"{name}: zsearch index built in {time.perf_counter() - t0:.0f}s")
+    return {"name": name, "n_docs": len(rows), "queries": queries, "work": work}
 
 
-def start_server(index_dir: Path) -> tuple[subprocess.Popen, str]:
-    """`zsearch serve` on a free loopback port; returns the process and its URL."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "zsearch_cli.cli", "serve", "--index", str(index_dir), "--port", "0"],
-        stdout=subprocess.PIPE, text=True,
-    )
-    line = proc.stdout.readline()
-    found = re.search(r"http://\S+", line)
-    if not found:
-        proc.kill()
-        raise SystemExit(f"server did not start: {line!r}")
-    url = found.group(0)
-    threading.Thread(target=proc.stdout.read, daemon=True).start()  # drain the rest
-    return proc, url
-
-
-def run_level(url: str, clients: int, batches: list[list[str]], topk: int) -> dict[str, float]:
-    """Send ``batches`` from ``clients`` threads; latency per request, throughput overall."""
-    client = RetrievalClient(url, timeout=60, retries=0)
-    client.retrieve(batches[0], topk)  # open each thread's connection lazily; warm this one
-    latencies: list[float] = []
-    lock = threading.Lock()
-    it = iter(batches)
-
-    def worker() -> None:
-        mine = []
-        while True:
-            with lock:
-                batch = next(it, None)
-            if batch is None:
-                break
+def corpora(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
+    bp = _bench_pyserini()
+    rows, questions = bp.demo_data()
+    out = [prepare("demo corpus", rows, questions, root / "demo")]
+    if args.big:
+        work = root / f"synthetic-{args.big}"
+        if (work / "zsearch-index").exists():  # reuse: only the queries are needed
+            _, qs = bp.synthetic_data(1, 2000, seed=0)
+            big = {"name": f"synthetic {args.big:,}", "n_docs": args.big, "queries": qs, "work": work}
+        else:
             t0 = time.perf_counter()
-            result = client.retrieve(batch, topk)
-            mine.append(time.perf_counter() - t0)
-            assert len(result) == len(batch)
-        with lock:
-            latencies.extend(mine)
-
-    start = time.perf_counter()
-    with ThreadPoolExecutor(clients) as pool:
-        for f in [pool.submit(worker) for _ in range(clients)]:
-            f.result()
-    wall = time.perf_counter() - start
-    ms = sorted(1000 * x for x in latencies)
-    return {
-        "clients": clients, "requests": len(ms),
-        "p50_ms": statistics.median(ms), "p95_ms": ms[min(len(ms) - 1, int(0.95 * len(ms)))],
-        "req_s": len(ms) / wall, "q_s": len(ms) * len(batches[0]) / wall,
-    }
+            docs, qs = bp.synthetic_data(args.big, 2000, seed=0)
+            console.print(f"synthetic corpus: {args.big:,} passages in {time.perf_counter() - t0:.0f}s")
+            big = prepare(f"synthetic {args.big:,}", docs, qs, work)
+        out.append(big)
+    return out
 
 
-def in_process_ms(index_dir: Path, batches: list[list[str]], topk: int) -> float:
-    """Median time of one batched ``SearchIndex.search`` call: the floor under HTTP latency."""
-    from zsearch_cli.retrieval.index import load_index
+# ----------------------------------------------------------------------------- servers
 
-    index = load_index(index_dir)
-    index.search(batches[0], topk)
-    times = []
-    for batch in batches:
-        t0 = time.perf_counter()
-        index.search(batch, topk)
-        times.append(1000 * (time.perf_counter() - t0))
-    return statistics.median(times)
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_up(url: str, proc: subprocess.Popen, limit: float) -> None:
+    import requests
+
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with status {proc.returncode}")
+        try:
+            # return_scores true: Search-R1's server crashes without it (retrieval_server.py, batch_search)
+            r = requests.post(url + "/retrieve", json={"queries": ["warm up"], "topk": 1, "return_scores": True}, timeout=30)
+            if r.ok:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{url} did not answer within {limit:.0f}s")
+
+
+@contextmanager
+def zsearch_server(index: Path, workers: int) -> Iterator[str]:
+    """`zsearch serve` without its result cache (every query is new anyway)."""
+    proc = subprocess.Popen([sys.executable, "-m", "zsearch_cli.cli", "serve", "--index", str(index), "--port", "0",
+                             "--workers", str(workers), "--cache-size", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        found = re.search(r"http://[\d.]+:\d+", proc.stdout.readline())
+        if not found:
+            raise RuntimeError(f"zsearch serve did not start (exit status {proc.wait()})")
+        threading.Thread(target=proc.stdout.read, daemon=True).start()
+        _wait_up(found.group(0), proc, 120)
+        yield found.group(0)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+SEARCH_R1_SHIM = """import runpy, sys, uvicorn
+port, run = int(sys.argv.pop(1)), uvicorn.run
+def loopback_run(app, **kwargs):  # theirs binds 0.0.0.0:8000; nothing else changes
+    run(app, **{**kwargs, "host": "127.0.0.1", "port": port, "log_level": "warning"})
+uvicorn.run = loopback_run
+sys.argv[0] = sys.argv[1]
+runpy.run_path(sys.argv.pop(1), run_name="__main__")
+"""
+
+
+def search_r1_missing(args: argparse.Namespace) -> str | None:
+    """Why Search-R1's server cannot run here, or None."""
+    if not args.search_r1:
+        return "no --search-r1 checkout given"
+    script = Path(args.search_r1) / "search_r1" / "search" / "retrieval_server.py"
+    if not script.exists():
+        return f"{script} not found"
+    if not Path(args.search_r1_python).exists():
+        return f"{args.search_r1_python} not found"
+    if _bench_pyserini().find_java_home() is None:
+        return "no Java for pyserini"
+    probe = subprocess.run([args.search_r1_python, "-c", "import pyserini, fastapi, uvicorn, datasets, faiss, torch"],
+                           capture_output=True, text=True)
+    if probe.returncode:
+        return f"{args.search_r1_python} cannot import its dependencies ({probe.stderr.strip().splitlines()[-1]})"
+    return None
+
+
+@contextmanager
+def search_r1_server(args: argparse.Namespace, corpus: dict[str, Any]) -> Iterator[str]:
+    """Search-R1's retrieval_server.py with its BM25 retriever over a Lucene index of the corpus."""
+    env = {**os.environ, "JAVA_HOME": _bench_pyserini().find_java_home()}
+    work = corpus["work"]
+    lucene = work / "pyserini-index"
+    if not lucene.exists():
+        subprocess.run([args.search_r1_python, "-m", "pyserini.index.lucene", "--collection", "JsonCollection",
+                        "--input", str(work / "pyserini-docs"), "--index", str(lucene), "--generator",
+                        "DefaultLuceneDocumentGenerator", "--threads", "2", "--storeRaw"],
+                       check=True, env=env, capture_output=True)
+    shim = work / "search_r1_shim.py"
+    shim.write_text(SEARCH_R1_SHIM)
+    port = _free_port()
+    script = Path(args.search_r1) / "search_r1" / "search" / "retrieval_server.py"
+    proc = subprocess.Popen([args.search_r1_python, str(shim), str(port), str(script), "--index_path", str(lucene),
+                             "--corpus_path", str(work / "corpus.jsonl"), "--topk", str(TOPK), "--retriever_name", "bm25"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=open(work / "search_r1.log", "w"), text=True)
+    try:
+        _wait_up(f"http://127.0.0.1:{port}", proc, 300)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+# ----------------------------------------------------------------------------- load
+
+
+def run_load(url: str, shape: str, clients: int, seconds: float, queries: list[str], timeout: float,
+             warmup: float) -> dict[str, Any]:
+    """``clients`` connections sending ``shape`` requests for ``warmup`` + ``seconds``;
+    latencies and failures are counted for requests sent after the warm-up (the load
+    generator is ``zsearch doctor``'s: zsearch_cli/doctor/load.py)."""
+    from zsearch_cli.doctor.load import run_load as load
+
+    row = load(url, clients=clients, queries=queries, per_request=BATCH if shape == "batch" else 1, topk=TOPK,
+               seconds=seconds, timeout=timeout, warmup=warmup)
+    return {"shape": shape, "clients": clients, **row}
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def report(rows: list[dict[str, Any]]) -> None:
+    table = Table(title=f"/retrieve under load: topk {TOPK}; batch = {BATCH} queries per request; qps = queries/s")
+    for col in ("corpus", "server", "shape", "clients", "requests", "qps", "p50 ms", "p99 ms", "p99/p50", "failures"):
+        table.add_column(col, justify="left" if col in ("corpus", "server", "shape") else "right")
+    for r in rows:
+        table.add_row(r["corpus"], r["server"], r["shape"], str(r["clients"]), str(r["requests"]), f"{r['qps']:.0f}",
+                      f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", f"{r['p99_ms'] / r['p50_ms']:.2f}",
+                      str(r["failures"]) + (f" {r['failure_kinds']}" if r["failures"] else ""))
+    console.print(table)
+
+
+def goals(rows: list[dict[str, Any]]) -> None:
+    def verdict(ok: bool) -> str:
+        return "[green]met[/]" if ok else "[red]missed[/]"
+
+    ours = [r for r in rows if r["server"].startswith("zsearch")]
+    at256 = [r for r in ours if r["clients"] >= 256]
+    if at256:
+        bad = sum(r["failures"] for r in at256)
+        console.print(f"0 failures at 256 clients (zsearch, all cells): {bad} failures, {verdict(bad == 0)}")
+    for r in (r for r in ours if r["clients"] == 64 and r["shape"] == "single"):
+        ratio = r["p99_ms"] / r["p50_ms"]
+        console.print(f"p99 < 2x p50 at 64 clients ({r['corpus']}, {r['server']}): {ratio:.2f}x, {verdict(ratio < 2)}")
+    for r2 in (r for r in ours if r["server"] == "zsearch w2"):
+        r1 = next((r for r in ours if r["server"] == "zsearch w1" and all(r[k] == r2[k] for k in ("corpus", "shape", "clients"))), None)
+        if r1:
+            gain = r2["qps"] / r1["qps"]
+            console.print(f"--workers 2 vs 1 ({r2['corpus']}, {r2['shape']}, {r2['clients']} clients, "
+                          f"{os.cpu_count()} cores): {gain:.2f}x, {verdict(gain >= 1.6)}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--docs", type=int, default=100_000)
-    ap.add_argument("--requests", type=int, default=200, help="requests per concurrency level")
-    ap.add_argument("--batch", type=int, default=16, help="queries per request")
-    ap.add_argument("--topk", type=int, default=3)
-    ap.add_argument("--levels", default="1,4,16", help="comma list of concurrent clients")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--workdir", type=Path, default=None, help="keep corpus+index here (reused on rerun)")
+    ap.add_argument("--clients", default="64,256", help="comma list of concurrent clients")
+    ap.add_argument("--seconds", type=float, default=60.0, help="measured seconds per cell")
+    ap.add_argument("--warmup", type=float, default=2.0, help="unmeasured seconds before each cell")
+    ap.add_argument("--shapes", default="single,batch", help="single, batch or both")
+    ap.add_argument("--workers", default="1,2", help="comma list of zsearch serve --workers")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds before a request counts as failed")
+    ap.add_argument("--big", type=int, default=0, help="also a synthetic corpus of this many passages (e.g. 1000000)")
+    ap.add_argument("--workdir", type=Path, default=None, help="keep corpora and indexes here (reused on rerun)")
+    ap.add_argument("--search-r1", default=None, help="a Search-R1 checkout, to run its retrieval_server.py too")
+    ap.add_argument("--search-r1-python", default=os.environ.get("SEARCH_R1_PYTHON", "/work/pyserini-venv/bin/python"))
     ap.add_argument("--json", type=Path, default=None, help="also write the rows as JSON here")
     args = ap.parse_args()
 
     tmp = None if args.workdir else tempfile.TemporaryDirectory(prefix="zsearch-bench-serve-")
-    workdir = args.workdir or Path(tmp.name)
-    workdir.mkdir(parents=True, exist_ok=True)
-    levels = [int(x) for x in args.levels.split(",")]
-    index_dir, vocab = build(workdir, args.docs, args.seed)
-    n = args.requests * args.batch
-    queries = make_queries(vocab, n * (len(levels) + 1), args.seed + 1)
-    batched = [queries[i : i + args.batch] for i in range(0, len(queries), args.batch)]
-    floor = in_process_ms(index_dir, batched[-args.requests // 4 :], args.topk)
-
-    proc, url = start_server(index_dir)
+    root = args.workdir or Path(tmp.name)
+    levels = [int(x) for x in args.clients.split(",")]
+    shapes = args.shapes.split(",")
+    missing = search_r1_missing(args)
+    if missing:
+        console.print(f"Search-R1's retrieval_server.py: not run ({missing})")
     rows = []
-    try:
-        for k, clients in enumerate(levels):
-            rows.append(run_level(url, clients, batched[k * args.requests : (k + 1) * args.requests], args.topk))
-        replay = batched[(len(levels) - 1) * args.requests : len(levels) * args.requests]
-        rows.append({**run_level(url, levels[-1], replay, args.topk), "note": "all cache hits"})
-    finally:
-        proc.terminate()
-        proc.wait(15)
-        if tmp:
-            tmp.cleanup()
-
-    table = Table(title=f"zsearch serve: BM25, {args.docs:,} passages, {args.batch} queries/request, topk {args.topk}")
-    for col in ("clients", "requests", "p50 ms", "p95 ms", "requests/s", "queries/s", "note"):
-        table.add_column(col, justify="left" if col == "note" else "right")
-    for r in rows:
-        table.add_row(str(r["clients"]), str(r["requests"]), f"{r['p50_ms']:.1f}", f"{r['p95_ms']:.1f}",
-                      f"{r['req_s']:.0f}", f"{r['q_s']:.0f}", r.get("note", ""))
-    console.print(table)
-    console.print(f"in-process SearchIndex.search of one {args.batch}-query batch: median {floor:.1f} ms")
-    single = rows[0]["p50_ms"]
-    verdict = "[green]met[/]" if single < 20 else "[red]missed[/]"
-    console.print(f"target p50 < 20 ms (1 client): {single:.1f} ms, {verdict}")
+    for corpus in corpora(args, root):
+        servers = [(f"zsearch w{w}", lambda w=w: zsearch_server(corpus["work"] / "zsearch-index", w))
+                   for w in map(int, args.workers.split(","))]
+        if not missing:
+            servers.append(("Search-R1", lambda: search_r1_server(args, corpus)))
+        for label, start in servers:
+            with start() as url:
+                for shape in shapes:
+                    for clients in levels:
+                        row = run_load(url, shape, clients, args.seconds, corpus["queries"], args.timeout, args.warmup)
+                        rows.append({"corpus": corpus["name"], "server": label, **row})
+                        console.print(f"  {corpus['name']} / {label} / {shape} / {clients} clients: "
+                                      f"{row['qps']:.0f} q/s, p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms, "
+                                      f"{row['failures']} failures")
+    report(rows)
+    goals(rows)
     if args.json:
-        args.json.write_text(json.dumps({"docs": args.docs, "batch": args.batch, "in_process_ms": floor, "rows": rows}, indent=2))
+        args.json.write_text(json.dumps({"cores": os.cpu_count(), "seconds": args.seconds, "rows": rows}, indent=1))
+    if tmp:
+        tmp.cleanup()
 
 
 if __name__ == "__main__":

@@ -46,7 +46,7 @@ def worker(spec: dict) -> dict:
     index = root / "index"
     if not index.exists():
         build_index(None, index, options={"kind": "bm25"})
-    cfg = TrainConfig(algo=spec["algo"], model=model, out=root / f"run-{spec['name']}", steps=spec["steps"] + 1,
+    cfg = TrainConfig.from_flat(algo=spec["algo"], model=model, out=root / f"run-{spec['name']}", steps=spec["steps"] + 1,
                       batch_size=spec["batch_size"], group_size=spec["group_size"], index=index, max_turns=2,
                       max_obs_tokens=256, save_every=0, device=spec["device"], lr=1e-6, micro_batch_size=4,
                       **spec["overrides"])

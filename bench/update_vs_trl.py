@@ -110,14 +110,14 @@ def _zsearch_worker(spec: dict):
         update.fused_old_logp = lambda *a: False  # the separate no-grad π_old forward
     t0 = time.perf_counter()
     c = spec["config"]
-    cfg = resolve_config(TrainConfig(algo="grpo", model=spec["model_dir"], batch_size=c["B"], group_size=c["G"],
+    cfg = resolve_config(TrainConfig.from_flat(algo="grpo", model=spec["model_dir"], batch_size=c["B"], group_size=c["G"],
                                      lr=1e-6, beta=spec["beta"], micro_batch_size=c["micro"], seed=0,
                                      temperature=1.0, lora_r=c["lora_r"], lora_alpha=16, steps=1000))
     gspec, acfg = get_spec(cfg.algo), algo_config(cfg)
     torch.manual_seed(0)
     policy, tokenizer = load_policy(cfg, "cpu", "float32")
     reference = load_reference(cfg, policy, "cpu", "float32", gspec.needs_reference(acfg))
-    optimizer, scheduler = make_optimizer(policy.parameters(), cfg.lr, cfg.weight_decay, cfg.steps, 0.0,
+    optimizer, scheduler = make_optimizer(policy.parameters(), cfg.optim.lr, cfg.optim.weight_decay, cfg.steps, 0.0,
                                           "constant", 0.0)
     acc = Accelerator(cpu=True)
     policy, optimizer = acc.prepare(policy, optimizer)

@@ -1,64 +1,100 @@
 #!/usr/bin/env bash
 # The first thing to run on a GPU machine: does the vLLM path work here, and what does a step cost?
 #   1. index the bundled demo corpus (BM25);
-#   2. zsearch eval --backend vllm on Qwen2.5-0.5B-Instruct (greedy, a few demo questions);
-#   3. 2 GRPO steps with --backend vllm (rollouts in vLLM, the weight sync after each update);
+#   2. zsearch doctor --backend vllm in bf16 (docs/doctor.md): versions and devices, vLLM's CUDA
+#      kernels against the trainer's forward, the weight sync, the chat template, BM25 at 256
+#      requests in flight; it stops here if a check fails (doctor's lines say which);
+#   3. a few GRPO steps with --backend vllm (rollouts in vLLM, the weight sync after each update);
 #   4. the step-time breakdown (rollout, reward, update, weight sync), the probe check of each
-#      sync, and peak GPU memory.
-# Needs the CUDA build: pip install torch==2.13.0 (CUDA wheel) and pip install -e '.[gpu]' (see
-# README, "GPU"). MODEL may be an HF id or a local folder (offline machines):
+#      sync, and peak GPU memory; the total time against the 8-minute budget (one H100).
+# Needs the CUDA build: the CUDA torch and pip install -e '.[gpu]' (see README, "GPU"; on a
+# machine with no network, docs/offline.md). MODEL may be an HF id or a local folder:
 #   MODEL=/models/Qwen2.5-0.5B-Instruct bash stages/gpu-smoke.sh
-# NOT run in CI (no GPU there): the same code paths run on vLLM's CPU build in make test.
+#
+# --cpu: a dry run of the same stages on a CPU-only machine, offline, in about a minute:
+# doctor with --backend hf on a tiny random model (built here), then 2 tiny training steps.
+# It checks the script itself (flags, paths, the report); the GPU run checks the machine.
+#   PY=.venv/bin/python bash stages/gpu-smoke.sh --cpu
 set -euo pipefail
 
-OUT=${OUT:-runs/gpu-smoke}
-MODEL=${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}
-INDEX=${INDEX:-$OUT/index}
-EVAL_LIMIT=${EVAL_LIMIT:-8}
-STEPS=${STEPS:-2}
-BATCH=${BATCH:-4}
-GROUP=${GROUP:-5}
-TURN_TOKENS=${TURN_TOKENS:-256}
-PY=${PY:-python}
+CPU=0
+case "${1:-}" in
+  --cpu) CPU=1 ;;
+  "") ;;
+  *) echo "usage: bash stages/gpu-smoke.sh [--cpu]" >&2; exit 2 ;;
+esac
 
-$PY - <<'PYEOF'
+PY=${PY:-python}
+ZS=${ZS:-"$PY -m zsearch_cli.cli"}
+BUDGET_S=${BUDGET_S:-480}  # 8 minutes on one H100
+if [ "$CPU" = 1 ]; then
+  OUT=${OUT:-runs/gpu-smoke-cpu}
+  BACKEND=hf DEVICE=cpu DTYPE=float32
+  STEPS=${STEPS:-2} BATCH=${BATCH:-2} GROUP=${GROUP:-2} TURN_TOKENS=${TURN_TOKENS:-16}
+  # a small load: 2 cores serve the index and generate it at once
+  DOCTOR_LOAD=${DOCTOR_LOAD:-"--prompts 2 --requests 200 --concurrency 64 --batch-queries 256"}
+else
+  OUT=${OUT:-runs/gpu-smoke}
+  BACKEND=vllm DEVICE=cuda DTYPE=bfloat16
+  STEPS=${STEPS:-2} BATCH=${BATCH:-4} GROUP=${GROUP:-5} TURN_TOKENS=${TURN_TOKENS:-256}
+  DOCTOR_LOAD=${DOCTOR_LOAD:-""}  # doctor's defaults: 8 prompts, 256 in flight, 2 x 2560 queries
+fi
+INDEX=${INDEX:-$OUT/index}
+mkdir -p "$OUT"
+START=$SECONDS
+stage() { echo "== $1 ($((SECONDS - START)) s so far)"; }
+
+if [ "$CPU" = 1 ]; then
+  if [ -z "${MODEL:-}" ]; then
+    MODEL=$OUT/tiny-model
+    [ -e "$MODEL/config.json" ] || $PY -c "import sys; from pathlib import Path; from zsearch_cli.models.tiny import make_tiny_model; make_tiny_model(Path(sys.argv[1]), seed=0)" "$MODEL"
+  fi
+else
+  MODEL=${MODEL:-Qwen/Qwen2.5-0.5B-Instruct}
+  $PY - <<'PYEOF'
 import sys, torch
 if not torch.cuda.is_available():
     sys.exit("gpu-smoke: no CUDA GPU visible to torch (torch.cuda.is_available() is False); "
-             "on a CPU-only machine run make test, which covers the vLLM path on vLLM's CPU build")
+             "on a CPU-only machine run make test, or this script with --cpu")
 from vllm.platforms import current_platform
 print(f"torch {torch.__version__}, GPU {torch.cuda.get_device_name(0)}, vLLM platform {current_platform.device_type}")
 PYEOF
-
-echo "== 1. index (BM25, bundled demo corpus)"
-if [ ! -e "$INDEX/manifest.json" ]; then
-  zsearch index --out "$INDEX" --kind bm25
 fi
 
-echo "== 2. eval --backend vllm ($MODEL, $EVAL_LIMIT questions, greedy)"
-zsearch eval --model "$MODEL" --backend vllm --index "$INDEX" --limit "$EVAL_LIMIT" \
-  --max-turn-tokens "$TURN_TOKENS" --out "$OUT/eval"
+stage "1. index (BM25, bundled demo corpus)"
+if [ ! -e "$INDEX/manifest.json" ]; then
+  $ZS index --out "$INDEX" --kind bm25
+fi
 
-echo "== 3. $STEPS GRPO steps --backend vllm"
+stage "2. doctor --backend $BACKEND --dtype $DTYPE ($MODEL)"
+# The rollout options are the training run's below (turn budget, temperature 1, top_p 1), so
+# parity is measured on the distribution step 3 samples from. A failed check stops the smoke.
+# shellcheck disable=SC2086  # DOCTOR_LOAD is a list of flags
+$ZS doctor --model "$MODEL" --backend "$BACKEND" --device "$DEVICE" --dtype "$DTYPE" --index "$INDEX" \
+  --max-turn-tokens "$TURN_TOKENS" --out "$OUT/doctor" $DOCTOR_LOAD \
+  || { echo "gpu-smoke: stopped after doctor: a check failed (its line is above; $OUT/doctor/doctor.json)" >&2; exit 1; }
+
+stage "3. $STEPS GRPO steps --backend $BACKEND"
 rm -rf "$OUT/train"
 # In this shell's python, not a subprocess, so torch's peak-memory counters see the trainer and
 # the in-process vLLM engine together (vLLM allocates through torch's CUDA allocator).
-$PY - "$MODEL" "$INDEX" "$STEPS" "$BATCH" "$GROUP" "$TURN_TOKENS" "$OUT/train" <<'PYEOF'
+$PY - "$MODEL" "$INDEX" "$STEPS" "$BATCH" "$GROUP" "$TURN_TOKENS" "$OUT/train" "$BACKEND" "$DEVICE" "$DTYPE" <<'PYEOF'
 import sys, torch
 from zsearch_cli.cli import app
-model, index, steps, batch, group, turn_tokens, out = sys.argv[1:]
+model, index, steps, batch, group, turn_tokens, out, backend, device, dtype = sys.argv[1:]
 try:
-    app(["train", "--algo", "grpo", "--model", model, "--backend", "vllm", "--index", index, "--steps", steps,
+    app(["train", "--algo", "grpo", "--model", model, "--backend", backend, "--index", index, "--steps", steps,
          "--batch-size", batch, "-G", group, "--max-turn-tokens", turn_tokens, "--save-every", "0", "--out", out,
-         "--device", "cuda"], standalone_mode=False)
+         "--device", device, "--dtype", dtype], standalone_mode=False)
 finally:
-    gib = 2**30
-    print(f"peak GPU memory (trainer + vLLM engine, one process): allocated "
-          f"{torch.cuda.max_memory_allocated() / gib:.2f} GiB, reserved {torch.cuda.max_memory_reserved() / gib:.2f} GiB "
-          f"of {torch.cuda.get_device_properties(0).total_memory / gib:.1f} GiB")
+    if torch.cuda.is_available():
+        gib = 2**30
+        print(f"peak GPU memory (trainer + vLLM engine, one process): allocated "
+              f"{torch.cuda.max_memory_allocated() / gib:.2f} GiB, reserved {torch.cuda.max_memory_reserved() / gib:.2f} GiB "
+              f"of {torch.cuda.get_device_properties(0).total_memory / gib:.1f} GiB")
 PYEOF
 
-echo "== 4. step-time breakdown"
+stage "4. step-time breakdown"
 $PY - "$OUT/train" <<'PYEOF'
 import json, sys
 from pathlib import Path
@@ -73,4 +109,6 @@ for r in rows:
           f"{f(r.get('time/reward'), '8.2f')} {f(None if update is None else update - (sync or 0), '8.1f')} "
           f"{f(sync, '8.2f')} {f(r.get('rollout/sync_mismatch'), '13.2e')} {f(r.get('rollout/logp_mismatch'), '14.2e')}")
 PYEOF
-echo "gpu-smoke: done ($OUT)"
+TOTAL=$((SECONDS - START))
+if [ "$TOTAL" -le "$BUDGET_S" ]; then verdict="within"; else verdict="OVER"; fi
+echo "gpu-smoke: done in $TOTAL s, $verdict the ${BUDGET_S} s budget ($OUT; doctor's report: $OUT/doctor/doctor.json)"

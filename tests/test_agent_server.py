@@ -39,7 +39,7 @@ def client(url: str) -> Any:
 
 
 def agent_opts(model: str, index: Path, **kw: Any) -> AgentServeOptions:
-    return AgentServeOptions(model=model, backend="hf", device="cpu", search="bm25", index=index, **{**LIMITS, **kw})
+    return AgentServeOptions.from_flat(model=model, backend="hf", device="cpu", search="bm25", index=index, **{**LIMITS, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +97,7 @@ def searcher(tiny_model_and_tokenizer: Any, demo_index: Path) -> Iterator[tuple[
 
 def test_answer_is_what_eval_predicts(tiny, tiny_model_dir, demo_index):
     url, _ = tiny
-    opts = EvalOptions(model=str(tiny_model_dir), backend="hf", device="cpu", search="bm25", index=demo_index,
+    opts = EvalOptions.from_flat(model=str(tiny_model_dir), backend="hf", device="cpu", search="bm25", index=demo_index,
                        **LIMITS)
     from zsearch_cli.commands.evaluate import _build_engine
 
@@ -315,7 +315,7 @@ def test_agent_serve_options_are_declared_fields():
         assert p.help, name
         if options[name].annotation in (int, float):
             assert range_for("agent serve", name) is not None, name
-    assert AgentServeOptions().host == "127.0.0.1" and AgentServeOptions().temperature == 0.0
+    assert AgentServeOptions().host == "127.0.0.1" and AgentServeOptions().rollout.temperature == 0.0
     assert set(options) == set(params)  # one dataclass field per option
 
 
@@ -353,8 +353,8 @@ def test_warm_agent_answers_as_eval_does(zsearch_cache, demo_index):
 
     limits = dict(max_turns=1, max_turn_tokens=48, max_obs_tokens=256)
     backend = load_backend("smollm2-warm", backend="hf", device="cpu")
-    opts = AgentServeOptions(model="smollm2-warm", search="bm25", index=demo_index, **limits)
-    eval_opts = EvalOptions(model="smollm2-warm", search="bm25", index=demo_index, **limits)
+    opts = AgentServeOptions.from_flat(model="smollm2-warm", search="bm25", index=demo_index, **limits)
+    eval_opts = EvalOptions.from_flat(model="smollm2-warm", search="bm25", index=demo_index, **limits)
     expected = build_engine(eval_opts, backend=backend, search=MAKE, max_turns=eval_opts.max_turns).rollout(
         [QARow("art-q002", QUESTIONS[0], [])])[0]
     with serving(create_app(build_engine(opts, backend=backend), "smollm2-warm")) as url:

@@ -10,7 +10,8 @@ import pytest
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.models.base import SamplingParams
 from zsearch_cli.retrieval.base import Passage
-from zsearch_cli.rollout.engine import QARow, RolloutConfig, RolloutEngine
+from zsearch_cli.config.parts import RolloutOptions
+from zsearch_cli.rollout.engine import QARow, RolloutEngine
 from zsearch_cli.rollout.protocols import TagsProtocol
 from zsearch_cli.search.base import SearchBackend, SearchBackendError, SearchResult
 
@@ -25,9 +26,9 @@ def test_async_gives_the_sync_trajectories(tiny_backend, temperature, batched):
     def run(mode: str, search_seed: int):
         backend = SearchingTiny(tiny_backend, batched)
         search = RandomLatencySearch(search_seed, overtake=mode == "async")
-        cfg = RolloutConfig(max_turns=3, max_turn_tokens=6, topk=2, temperature=temperature, seed=5,
+        cfg = RolloutOptions(max_turns=3, max_turn_tokens=6, topk=2, temperature=temperature,
                             rollout_mode=mode, search_concurrency=4)
-        trajs = RolloutEngine(backend, TagsProtocol(), search, cfg).rollout(ROWS[:4], group_size=2, step=2)
+        trajs = RolloutEngine(backend, TagsProtocol(), search, cfg, seed=5).rollout(ROWS[:4], group_size=2, step=2)
         return [t.to_row() for t in trajs], backend, search
 
     sync, sync_backend, _ = run("sync", 0)
@@ -101,7 +102,7 @@ def test_no_turn_barrier(tiny_backend):
     })
     search = GatedSearch(backend, calls_before=4)
     done: list[int] = []
-    engine = RolloutEngine(backend, TagsProtocol(), search, RolloutConfig(rollout_mode="async"))
+    engine = RolloutEngine(backend, TagsProtocol(), search, RolloutOptions(rollout_mode="async"))
     trajs = engine.rollout([QARow("a", "Q-a?", ["A"]), QARow("b", "Q-b?", ["B"])], on_row_done=done.append)
     assert search.waited is True
     assert [(t.id, t.prediction, t.num_searches) for t in trajs] == [("a#0", "A", 1), ("b#0", "B", 2)]
@@ -133,8 +134,8 @@ def test_search_concurrency_bound(tiny_backend, search_cls, concurrency, peak):
     backend = ChunkedScript(tok, {r.question: [f"<search> q{i} </search>", "<answer> x </answer>"]
                                   for i, r in enumerate(rows)})
     search = search_cls(latencies=(0.1,))
-    cfg = RolloutConfig(rollout_mode="async", search_concurrency=concurrency)
-    trajs = RolloutEngine(backend, TagsProtocol(), search, cfg).rollout(rows)
+    cfg = RolloutOptions(rollout_mode="async", search_concurrency=concurrency)
+    trajs = RolloutEngine(backend, TagsProtocol(), search, cfg, seed=5).rollout(rows)
     assert search.peak == peak
     assert all(t.num_searches == 1 and t.prediction == "x" for t in trajs)
     calls = [len(c) for c in search.started]
@@ -156,7 +157,7 @@ class FailingSearch(SearchBackend):
 def test_async_search_failure_keeps_finished_trajectories(tiny_backend):
     tok = tiny_backend.tokenizer
     backend = ScriptedBackend(tok, {"Q-ok?": ["<answer> fine </answer>"], "Q-bad?": ["<search> bad </search>"]})
-    engine = RolloutEngine(backend, TagsProtocol(), FailingSearch(), RolloutConfig(rollout_mode="async"))
+    engine = RolloutEngine(backend, TagsProtocol(), FailingSearch(), RolloutOptions(rollout_mode="async"))
     with pytest.raises(SearchBackendError, match="index offline") as err:
         engine.rollout([QARow("ok", "Q-ok?", ["fine"]), QARow("bad", "Q-bad?", ["x"])])
     assert [t.id for t in err.value.completed] == ["ok#0"]
@@ -164,13 +165,13 @@ def test_async_search_failure_keeps_finished_trajectories(tiny_backend):
 
 def test_unknown_rollout_mode(tiny_backend):
     with pytest.raises(ZsearchError, match="--rollout-mode"):
-        RolloutEngine(tiny_backend, TagsProtocol(), None, RolloutConfig(rollout_mode="parallel"))
+        RolloutEngine(tiny_backend, TagsProtocol(), None, RolloutOptions(rollout_mode="parallel"))
 
 
 def test_async_refuses_a_simulator_on_the_policy_model(tiny_backend):
     class SharedSim(SearchBackend):
         generator = tiny_backend  # what SimulatedSearch(generator=policy_backend) would hold
 
-    engine = RolloutEngine(tiny_backend, TagsProtocol(), SharedSim(), RolloutConfig(rollout_mode="async"))
+    engine = RolloutEngine(tiny_backend, TagsProtocol(), SharedSim(), RolloutOptions(rollout_mode="async"))
     with pytest.raises(ZsearchError, match="shares the policy's model"):
         engine.rollout([QARow("a", "Q?", ["x"])])

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from zsearch_cli.cli import app
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.retrieval.base import Passage
-from zsearch_cli.rollout.engine import QARow, RolloutConfig, RolloutEngine
+from zsearch_cli.config.parts import RolloutOptions
+from zsearch_cli.rollout.engine import QARow, RolloutEngine
 from zsearch_cli.rollout.trajectory import Trajectory
 from zsearch_cli.rollout.protocols import TagsProtocol
 from zsearch_cli.schemas import COLLECTED_QUERY, TRAJECTORY, read_artifact, read_metadata
@@ -76,7 +77,7 @@ def test_engine_records_returned_documents_in_turn_log(tiny_backend):
     search = RecordingSearch({"river Vienna": docs})
     backend = ScriptedBackend(tok, {q: ["<search> river Vienna </search>", "<search> nothing </search>",
                                         "<answer> Danube </answer>"]})
-    engine = RolloutEngine(backend, TagsProtocol(), search, RolloutConfig(topk=2, max_turns=3))
+    engine = RolloutEngine(backend, TagsProtocol(), search, RolloutOptions(topk=2, max_turns=3))
     (traj,) = engine.rollout([QARow("r", q, ["Danube"])])
     log = traj.turns
     assert log[0]["docs"] == [[{"id": "geo-1", "title": "Danube", "text": "The Danube flows through Vienna."},

@@ -135,7 +135,7 @@ def _update_worker(out: Path, model_dir: str, algo: str, batch_size: int) -> Non
     acc = Accelerator(cpu=True)
     rank, world = acc.process_index, acc.num_processes
     check_even_shards(batch_size, world)
-    cfg = resolve_config(TrainConfig(algo=algo, model=model_dir, batch_size=batch_size, group_size=2, lr=1e-2,
+    cfg = resolve_config(TrainConfig.from_flat(algo=algo, model=model_dir, batch_size=batch_size, group_size=2, lr=1e-2,
                                      beta=0.0, micro_batch_size=3, seed=0, temperature=1.0))
     spec, acfg = get_spec(algo), algo_config(cfg)
     gen = torch.Generator().manual_seed(123)

@@ -75,7 +75,8 @@ def warm(dz) -> Path:
     the prompts the loop below draws (iteration 1's proposer steps and generation, seed 0)."""
     from zsearch_cli.models.loading import load_tokenizer
     from zsearch_cli.retrieval.index import load_index
-    from zsearch_cli.rollout.engine import RolloutConfig, RolloutEngine
+    from zsearch_cli.config.parts import RolloutOptions
+    from zsearch_cli.rollout.engine import RolloutEngine
     from zsearch_cli.rollout.protocols import ToolCallProtocol
     from zsearch_cli.search.factory import make_search_backend
     from zsearch_cli.commands.propose import proposer_prompts
@@ -86,7 +87,7 @@ def warm(dz) -> Path:
     prompts = (proposer_prompts(index, 4, "4:3:2:1", seeds["generate"])
                + [p for step in (0, 1) for p in proposer_prompts(index, 2, "4:3:2:1", seeds["propose"], step)])
     engine = RolloutEngine(PlayedProposer(tok), ToolCallProtocol(), make_search_backend("bm25", index_dir=dz.index),
-                           RolloutConfig(max_turns=2, max_turn_tokens=48))
+                           RolloutOptions(max_turns=2, max_turn_tokens=48))
     trajs = engine.rollout([p.row(tok) for p in prompts])
     assert all(t.num_searches == 1 and "</answer>" in t.response_text for t in trajs)
     data = write_artifact([t.to_row() for t in trajs], dz.root / "warmup.parquet", TRAJECTORY)
@@ -148,7 +149,7 @@ def test_trainer_hrpo_uses_the_batch_rewards_hop_counts(tmp_path, tiny_model_dir
                             metrics={"proposer/hops_1": 2.0, "proposer/hops_2": 1.0, "proposer/gate_pass": 3.0},
                             columns=[{"hops": h, "solver_k": 0} for h in (1, 1, 2)])
 
-    cfg = TrainConfig(algo="hrpo", model=str(tiny_model_dir), out=tmp_path / "run", steps=1, batch_size=3,
+    cfg = TrainConfig.from_flat(algo="hrpo", model=str(tiny_model_dir), out=tmp_path / "run", steps=1, batch_size=3,
                       protocol="tool_call", max_turns=0, max_turn_tokens=4, lr=1e-3, device="cpu", save_every=0,
                       save_rollouts=True)
     with pytest.raises(ZsearchError, match="use `zsearch propose`"):

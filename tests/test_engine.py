@@ -10,7 +10,8 @@ import pytest
 
 from zsearch_cli.prompts import INVALID_ACTION_OBSERVATION
 from zsearch_cli.retrieval.base import Passage
-from zsearch_cli.rollout.engine import QARow, RolloutConfig, RolloutEngine
+from zsearch_cli.config.parts import RolloutOptions
+from zsearch_cli.rollout.engine import QARow, RolloutEngine
 from zsearch_cli.rollout.protocols import TagsProtocol, ToolCallProtocol
 from zsearch_cli.search.base import SearchBackendError
 
@@ -51,7 +52,7 @@ def test_mask_one_tokens_are_exactly_the_sampled_tokens(tiny_backend):
     # backend's sampled ids, turn by turn, with their logprobs one to one.
     backend = RecordingBackend(tiny_backend)
     engine = RolloutEngine(backend, TagsProtocol(), RecordingSearch(),
-                           RolloutConfig(max_turns=2, max_turn_tokens=6, temperature=1.0, seed=3))
+                           RolloutOptions(max_turns=2, max_turn_tokens=6, temperature=1.0), seed=3)
     rows = [QARow("a", "Which river flows through Vienna?", ["Danube"]), QARow("b", "Who wrote Hamlet?", ["Shakespeare"])]
     trajs = engine.rollout(rows, group_size=2)
     assert [t.id for t in trajs] == ["a#0", "a#1", "b#0", "b#1"]
@@ -79,7 +80,7 @@ def test_search_turn_layout_and_prediction(tiny_backend):
     q = "Which river flows through Vienna?"
     turns = ["<think>I need a river.</think><search> river Vienna </search>", "<answer> Danube </answer>"]
     search = RecordingSearch({"river Vienna": VIENNA})
-    engine = RolloutEngine(ScriptedBackend(tok, {q: turns}), TagsProtocol(), search, RolloutConfig(topk=2))
+    engine = RolloutEngine(ScriptedBackend(tok, {q: turns}), TagsProtocol(), search, RolloutOptions(topk=2))
     (traj,) = engine.rollout([QARow("r1", q, ["Danube"])])
     t0 = tok.encode(turns[0], add_special_tokens=False)
     obs = tok.encode(TagsProtocol().render_observation([VIENNA]), add_special_tokens=False)
@@ -104,7 +105,7 @@ def test_row_context_reaches_the_search_backend(tiny_backend):
         "Q-gamma?": ["<search> gamma </search>", "<answer> C </answer>"],
     }
     search = RecordingSearch()
-    engine = RolloutEngine(ScriptedBackend(tok, scripts), TagsProtocol(), search, RolloutConfig())
+    engine = RolloutEngine(ScriptedBackend(tok, scripts), TagsProtocol(), search, RolloutOptions())
     engine.rollout([QARow("1", "Q-alpha?", ["a1"]), QARow("2", "Q-beta?", ["b1"]), QARow("3", "Q-gamma?", ["c1", "c2"])])
     (batch,) = search.requests
     assert [(r.query, r.row_id, r.question, r.golden_answers) for r in batch] == [
@@ -118,7 +119,7 @@ def test_final_turn_executes_no_search(tiny_backend):
     q = "Q-loop?"
     search = RecordingSearch()
     backend = ScriptedBackend(tok, {q: ["<search> one </search>", "<search> two </search>"]})
-    engine = RolloutEngine(backend, TagsProtocol(), search, RolloutConfig(max_turns=1))
+    engine = RolloutEngine(backend, TagsProtocol(), search, RolloutOptions(max_turns=1))
     (traj,) = engine.rollout([QARow("1", q, ["x"])])
     assert len(backend.calls) == 2  # one ordinary turn + the final turn
     assert [r.query for batch in search.requests for r in batch] == ["one"]
@@ -134,7 +135,7 @@ def test_observation_is_cut_by_whole_passages_and_keeps_closing_tag(tiny_backend
     one = len(tok.encode(TagsProtocol().render_observation([long_docs[:1]]), add_special_tokens=False))
     two = len(tok.encode(TagsProtocol().render_observation([long_docs[:2]]), add_special_tokens=False))
     engine = RolloutEngine(ScriptedBackend(tok, {q: ["<search> long </search>", "<answer> x </answer>"]}),
-                           TagsProtocol(), search, RolloutConfig(topk=3, max_obs_tokens=(one + two) // 2))
+                           TagsProtocol(), search, RolloutOptions(topk=3, max_obs_tokens=(one + two) // 2))
     (traj,) = engine.rollout([QARow("1", q, ["x"])])
     log = traj.turns[0]
     assert log["passages_dropped"] == 2 and log["obs_tokens"] == one
@@ -152,7 +153,7 @@ def test_context_budget_never_drops_the_question(tiny_backend):
     q = "Q-budget?"
     search = RecordingSearch({"long": [Passage("p", "T", "river castle engine " * 50)]})
     backend = ScriptedBackend(tok, {q: ["<search> long </search>", "<answer> x </answer>"]})
-    engine = RolloutEngine(backend, TagsProtocol(), search, RolloutConfig(max_obs_tokens=500))
+    engine = RolloutEngine(backend, TagsProtocol(), search, RolloutOptions(max_obs_tokens=500))
     budget = len(engine.encode_prompt(QARow("1", q, ["x"]))) + 60  # room for a turn and a short observation
     engine.config.max_context_tokens = budget
     (traj,) = engine.rollout([QARow("1", q, ["x"])])
@@ -165,7 +166,7 @@ def test_invalid_action_gets_search_r1_message(tiny_backend):
     tok = tiny_backend.tokenizer
     q = "Q-rambling?"
     backend = ScriptedBackend(tok, {q: ["I am not sure what to do", "<answer> y </answer>"]})
-    engine = RolloutEngine(backend, TagsProtocol(), RecordingSearch(), RolloutConfig())
+    engine = RolloutEngine(backend, TagsProtocol(), RecordingSearch(), RolloutOptions())
     (traj,) = engine.rollout([QARow("1", q, ["y"])])
     assert traj.num_invalid == 1 and traj.prediction == "y"
     assert INVALID_ACTION_OBSERVATION in traj.response_text
@@ -177,7 +178,7 @@ def test_tool_call_protocol_sends_every_query_in_one_batch(tiny_backend):
     call = '<tool_call> {"name": "search", "arguments": {"query_list": ["alpha", "beta"]}} </tool_call>'
     search = RecordingSearch()
     backend = ScriptedBackend(tok, {q: [call, "<answer> z </answer>"]})
-    engine = RolloutEngine(backend, ToolCallProtocol(), search, RolloutConfig())
+    engine = RolloutEngine(backend, ToolCallProtocol(), search, RolloutOptions())
     (traj,) = engine.rollout([QARow("1", q, ["z"])])
     assert [r.query for r in search.requests[0]] == ["alpha", "beta"]
     assert "<tool_response>" in traj.response_text and traj.prediction == "z"
@@ -222,7 +223,7 @@ def test_a_literal_observation_tag_written_by_the_policy_does_not_hide_its_answe
     turns = ["<think> look it up </think><search> capital of France </search>",
              "<think> the <information> block above says Paris </think><answer> Paris </answer>"]
     engine = RolloutEngine(ScriptedBackend(tok, {q: turns}), TagsProtocol(), RecordingSearch({"capital of France": VIENNA}),
-                           RolloutConfig(topk=1))
+                           RolloutOptions(topk=1))
     (traj,) = engine.rollout([QARow("1", q, ["Paris"])])
     assert traj.num_searches == 1 and traj.prediction == "Paris"
     # The text search alone loses the answer: this is the bug the spans avoid.

@@ -119,7 +119,7 @@ def test_validation_on_a_merged_file_writes_per_source_summaries(tmp_path, tiny_
     from zsearch_cli.train.trainer import Trainer
 
     merged = search_r1_test_file(tmp_path / "test.parquet", ROWS)
-    cfg = TrainConfig(algo="reinforce", model=str(tiny_model_dir), index=demo_index, out=tmp_path / "run", steps=1,
+    cfg = TrainConfig.from_flat(algo="reinforce", model=str(tiny_model_dir), index=demo_index, out=tmp_path / "run", steps=1,
                       batch_size=1, group_size=1, device="cpu", val_data=str(merged), max_turn_tokens=4, max_turns=1)
     validator = Trainer(cfg).validator
     assert validator.sources == {"nq_1": "nq", "hp_1": "hotpotqa", "nq_2": "nq"}

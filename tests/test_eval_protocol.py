@@ -203,7 +203,7 @@ def test_training_metrics_carry_the_protocol(tmp_path, tiny_model_dir, demo_inde
     from zsearch_cli.train.config import TrainConfig
     from zsearch_cli.train.metrics import MetricsLog
 
-    cfg = TrainConfig(model=str(tiny_model_dir), index=demo_index, out=tmp_path, topk=4, max_turns=3,
+    cfg = TrainConfig.from_flat(model=str(tiny_model_dir), index=demo_index, out=tmp_path, topk=4, max_turns=3,
                       temperature=1.0, seed=11, lora_r=8)
     log = MetricsLog(tmp_path, cfg.to_dict())
     log.log({"step": 1, "rollout/reward_mean": 0.5})
@@ -221,7 +221,7 @@ def test_training_metrics_carry_the_protocol(tmp_path, tiny_model_dir, demo_inde
     # sft: no rollout, nothing sampled
     from zsearch_cli.train.sft import SFTConfig
 
-    sft = training_protocol(SFTConfig(model=str(tiny_model_dir), data="d.jsonl", out=tmp_path).to_dict())
+    sft = training_protocol(SFTConfig.from_flat(model=str(tiny_model_dir), data="d.jsonl", out=tmp_path).to_dict())
     assert (sft.retriever, sft.decoding, sft.prompt, sft.dataset) == ("none", "none", "sft", "d.jsonl")
 
 
@@ -288,3 +288,17 @@ def test_a_remote_zsearch_retriever_is_recorded_as_fully_as_a_local_one(demo_ind
     assert remote["retriever"] == url
     assert {k: remote[k] for k in REMOTE_SETTINGS} == {k: local[k] for k in REMOTE_SETTINGS}
     assert remote["bm25_k1"] is not None and remote["bm25_analyzer"]
+
+
+def test_replicas_record_the_settings_of_the_first_that_answers(demo_index):
+    # --search http://a,http://b (replicas of one index): the protocol asked "http://a,http://b/health"
+    # and recorded nothing; now a dead first replica is skipped and the live one's settings recorded.
+    from zsearch_cli.protocol import REMOTE_SETTINGS, _retriever
+    from zsearch_cli.retrieval.index import load_index
+    from zsearch_cli.retrieval.server import create_app, serving
+
+    local = _retriever("bm25", demo_index, strict=True)
+    with serving(create_app(load_index(demo_index), method="bm25")) as url:
+        dead = "http://127.0.0.1:9"  # discard port: nothing listens
+        remote = _retriever(f"{dead},{url}", None, strict=True)
+    assert {k: remote[k] for k in REMOTE_SETTINGS} == {k: local[k] for k in REMOTE_SETTINGS}

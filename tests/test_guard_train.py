@@ -148,7 +148,7 @@ def test_rollback_restores_the_healthy_checkpoint_halves_the_lr_and_finishes(tmp
 
     out = tmp_path / "planted-collapse"  # tests/conftest.py: an expected alarm
     steps, onset = 18, 12
-    cfg = TrainConfig(algo="grpo", model=str(tiny_model_dir), index=demo_index, steps=steps, batch_size=2,
+    cfg = TrainConfig.from_flat(algo="grpo", model=str(tiny_model_dir), index=demo_index, steps=steps, batch_size=2,
                       group_size=2, max_turns=2, max_turn_tokens=12, device="cpu", lr=1e-3, out=out, save_every=1,
                       on_collapse="rollback")
     now = {"step": 0}
@@ -243,11 +243,11 @@ def test_the_guard_state_is_checkpointed_and_resumed(tmp_path, tiny_model_dir, d
     kw = dict(algo="grpo", model=str(tiny_model_dir), index=demo_index, batch_size=2, group_size=2, max_turns=2,
               max_turn_tokens=12, device="cpu", lr=1e-3, out=out, save_every=3)
     reward = lambda t: len("".join(t.policy_texts)) / 1000  # noqa: E731
-    first = Trainer(TrainConfig(steps=6, **kw), reward_fn=reward)
+    first = Trainer(TrainConfig.from_flat(steps=6, **kw), reward_fn=reward)
     first.train()
     saved = first.stability.guard.state_dict()
     assert saved["baseline"]["rollout/reward_mean"], "the guard learnt no baseline"
-    resumed = Trainer(TrainConfig(steps=8, resume=True, **kw), reward_fn=reward)
+    resumed = Trainer(TrainConfig.from_flat(steps=8, resume=True, **kw), reward_fn=reward)
     # Fails if the resume started a fresh guard (empty baseline): it would not see a collapse
     # for another warm-up.
     assert resumed.start_step == 6 and resumed.stability.guard.state_dict() == saved

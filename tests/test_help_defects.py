@@ -34,7 +34,7 @@ def test_train_takes_max_steps_like_trl():
     assert "--max-steps" in _help("train")
     result = runner.invoke(app, ["train", "--max-steps", "0"])  # the alias reaches the same field and range
     assert result.exit_code == 2 and "--steps must be >= 1, got 0" in result.output
-    assert TrainConfig(steps=3).steps == 3
+    assert TrainConfig.from_flat(steps=3).steps == 3
 
 
 def test_a_default_is_printed_once():

@@ -1,12 +1,13 @@
-"""The package's import graph has no loops, deferred (function-local) imports included.
+"""The package's import graph has no loops, deferred and type-only imports included.
 
-A loop hidden inside a function still couples two modules both ways: neither can be
-understood, moved or tested alone, and the import order decides which half is
-half-initialised. The graph is read from the source with ``ast`` (no import runs), so
-every ``import`` counts wherever it sits, except under ``if TYPE_CHECKING:``, which never
-runs. Two levels are checked: modules (``zsearch_cli.train.policy``) and packages
-(``zsearch_cli.train``, or a top-level module such as ``zsearch_cli.cli_base``); the package
-level also catches an upward import such as ``train`` reaching into ``stages``.
+A loop hidden inside a function, or under ``if TYPE_CHECKING:``, still couples two modules
+both ways: neither can be understood, moved or tested alone. A deferred import's loop also
+lets the import order decide which half is half-initialised; a type-only one is where such a
+loop starts (the next runtime use of the name closes it). The graph is read from the source
+with ``ast`` (no import runs), so every ``import`` counts wherever it sits, under
+``if TYPE_CHECKING:`` too. Two levels are checked: modules (``zsearch_cli.train.policy``) and
+packages (``zsearch_cli.train``, or a top-level module such as ``zsearch_cli.cli_base``); the
+package level also catches an upward import such as ``train`` reaching into ``stages``.
 """
 
 from __future__ import annotations
@@ -27,18 +28,6 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def _runtime_nodes(tree: ast.AST):
-    """Every node except those under ``if TYPE_CHECKING:``."""
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            stack.extend(node.orelse)
-            continue
-        yield node
-        stack.extend(ast.iter_child_nodes(node))
-
-
 def import_graph() -> dict[str, set[str]]:
     """module -> the zsearch_cli modules it imports (a ``from pkg import name`` counts
     as importing ``pkg.name`` when that is a module, else ``pkg``)."""
@@ -47,7 +36,7 @@ def import_graph() -> dict[str, set[str]]:
     for mod, path in modules.items():
         package = mod.split(".") if path.name == "__init__.py" else mod.split(".")[:-1]
         deps: set[str] = set()
-        for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.ImportFrom):
                 if node.level:
                     base = package[: len(package) - node.level + 1]
@@ -115,6 +104,12 @@ def test_the_graph_sees_deferred_imports():
     graph = import_graph()
     assert "zsearch_cli.train.policy" in graph["zsearch_cli.train.checkpoint"]
     assert "zsearch_cli.models.hf" in graph["zsearch_cli.models.factory"]
+
+
+def test_the_graph_sees_type_only_imports():
+    # metrics.py imports train.step_samples under `if TYPE_CHECKING:` only: that edge must
+    # count too, or a loop made of type-only imports would go unseen
+    assert "zsearch_cli.train.step_samples" in import_graph()["zsearch_cli.train.metrics"]
 
 
 def test_no_module_imports_itself_through_others():

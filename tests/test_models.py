@@ -150,6 +150,7 @@ def test_vllm_backend_maps_the_engine_api(tiny_model_dir, monkeypatch):
 
     fake = types.ModuleType("vllm")
     fake.LLM, fake.SamplingParams = FakeLLM, lambda **kw: kw
+    fake.__version__ = "0.32.0"  # inside the supported range (models/vllm.py SUPPORTED_VLLM)
     platforms = types.ModuleType("vllm.platforms")
     platforms.current_platform = FakeCuda()
     monkeypatch.setitem(sys.modules, "vllm", fake)

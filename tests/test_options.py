@@ -12,7 +12,7 @@ import typer
 from typer.testing import CliRunner
 
 from zsearch_cli.cli import app
-from zsearch_cli.config.fields import _docstrings
+from zsearch_cli.config.fields import _docstrings, to_flat
 from zsearch_cli.config.ranges import range_for
 from zsearch_cli.presets import PRESETS
 
@@ -70,10 +70,10 @@ def test_propose_applies_every_proposer_preset_key_the_user_did_not_set(monkeypa
     monkeypatch.setitem(PRESETS, "drzero-proposer", preset)
     assert runner.invoke(app, ["propose", "--out", str(tmp_path)]).exit_code == 0
     cfg = seen[-1]
-    assert {k: getattr(cfg, k) for k in preset} == preset  # all keys, not 4 of 12
-    assert cfg.index == Path("runs/index") and cfg.preset == "drzero-proposer"
+    assert {k: to_flat(cfg)[k] for k in preset} == preset  # all keys, not 4 of 12
+    assert cfg.retrieval.index == Path("runs/index") and cfg.preset == "drzero-proposer"
     assert runner.invoke(app, ["propose", "--out", str(tmp_path), "--lr", "1e-5", "--topk", "2"]).exit_code == 0
-    assert (seen[-1].lr, seen[-1].topk, seen[-1].steps) == (1e-5, 2, 7)
+    assert (seen[-1].optim.lr, seen[-1].rollout.topk, seen[-1].steps) == (1e-5, 2, 7)
 
 
 def test_solve_trains_with_the_tokens_per_turn_of_the_drzero_solve_step(monkeypatch, tmp_path):
@@ -81,7 +81,7 @@ def test_solve_trains_with_the_tokens_per_turn_of_the_drzero_solve_step(monkeypa
 
     seen = _capture_training(monkeypatch)
     assert runner.invoke(app, ["solve", "qa.parquet", "--out", str(tmp_path)]).exit_code == 0
-    assert seen[-1].max_turn_tokens == DrZeroOptions().max_turn_tokens == 512
+    assert seen[-1].rollout.max_turn_tokens == DrZeroOptions().rollout.max_turn_tokens == 512
     assert (seen[-1].train_data, seen[-1].group_size, seen[-1].algo) == ("qa.parquet", 5, "grpo")
 
 
@@ -93,9 +93,9 @@ def test_trl_names_are_aliases_in_yaml_and_flags(monkeypatch, tmp_path):
     result = runner.invoke(app, ["train", "--config", str(cfg)])
     assert result.exit_code == 0, result.output
     c = seen[-1]
-    assert (c.group_size, c.lr, c.beta, c.clip_eps, c.out) == (3, 2e-6, 0.01, 0.1, tmp_path / "run")
+    assert (c.group_size, c.optim.lr, c.beta, c.clip_eps, c.run.out) == (3, 2e-6, 0.01, 0.1, tmp_path / "run")
     assert runner.invoke(app, ["train", "--num-generations", "4", "--learning-rate", "1e-6"]).exit_code == 0
-    assert (seen[-1].group_size, seen[-1].lr) == (4, 1e-6)
+    assert (seen[-1].group_size, seen[-1].optim.lr) == (4, 1e-6)
 
 
 @pytest.mark.parametrize("command", ["train", "solve", "sft"])
@@ -109,8 +109,8 @@ def test_drzero_defaults_are_the_dr_zero_presets():
 
     o, p, s = DrZeroOptions(), PRESETS["drzero-proposer"], PRESETS["drzero-solver"]
     shared = ("topk", "max_turns", "max_turn_tokens", "max_obs_tokens")
-    assert {k: getattr(o, k) for k in shared} == {k: p[k] for k in shared} == {k: s[k] for k in shared}
-    assert (o.proposer_lr, o.proposer_steps, o.proposer_context_tokens, o.batch_size, o.save_every) == \
+    assert {k: getattr(o.rollout, k) for k in shared} == {k: p[k] for k in shared} == {k: s[k] for k in shared}
+    assert (o.proposer_lr, o.proposer_steps, o.proposer_context_tokens, o.batch_size, o.run.save_every) == \
         (p["lr"], p["steps"], p["max_context_tokens"], p["batch_size"], p["save_every"])
     assert (o.solver_lr, o.solver_steps, o.solver_context_tokens, o.group_size) == \
         (s["lr"], s["steps"], s["max_context_tokens"], s["group_size"])

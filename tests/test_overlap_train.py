@@ -31,7 +31,7 @@ def test_overlap_takes_pi_old_from_the_sampler_and_checks_only_fresh_tokens(tiny
     trajs = [make_trajectory(f"q{i}#0", prompt_ids=torch.randint(3, 200, (4,), generator=gen).tolist(),
                              response_ids=torch.randint(3, 200, (6,), generator=gen).tolist(),
                              loss_mask=[1, 1, 0, 1, 1, 1]) for i in range(2)]
-    cfg0 = resolve_config(TrainConfig(algo="grpo", model=str(tiny_model_dir), group_size=2, temperature=1.0))
+    cfg0 = resolve_config(TrainConfig.from_flat(algo="grpo", model=str(tiny_model_dir), group_size=2, temperature=1.0))
     policy, _ = load_policy(cfg0, "cpu", "float32")
     with torch.no_grad():
         true, _ = policy_forward(policy, collate(trajs, 0, "cpu"), 1.0)  # [2, 6]
@@ -47,7 +47,7 @@ def test_overlap_takes_pi_old_from_the_sampler_and_checks_only_fresh_tokens(tiny
     for overlap in (0, 1):
         # two epochs: pi_old must then come from a forward before the update (with one epoch and
         # one mini-batch it is the update's own forward, train/update.py fused_old_logp)
-        cfg = resolve_config(TrainConfig(algo="grpo", model=str(tiny_model_dir), group_size=2, temperature=1.0,
+        cfg = resolve_config(TrainConfig.from_flat(algo="grpo", model=str(tiny_model_dir), group_size=2, temperature=1.0,
                                          rollout_overlap=overlap, ppo_epochs=2))
         batch = rollout_tensors(m, step_batch(samples, 0), cfg, version=3)
         mask = batch.tokens.mask.bool()

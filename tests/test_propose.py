@@ -10,7 +10,8 @@ import pytest
 
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.retrieval.base import Passage
-from zsearch_cli.rollout.engine import RolloutConfig, RolloutEngine
+from zsearch_cli.config.parts import RolloutOptions
+from zsearch_cli.rollout.engine import RolloutEngine
 from zsearch_cli.rollout.protocols import ToolCallProtocol
 from zsearch_cli.commands.propose import (
     ProposerPrompt,
@@ -56,13 +57,13 @@ def test_difficulty_reward_from_solver_rollouts(tiny_backend):
     question = "Which river flows through the capital of Austria?"
     proposer = RolloutEngine(
         ScriptedBackend(tok, {'Title: "Danube"': [PROPOSAL, FINAL], 'Title: "Volga"': [LEAKY]}),
-        ToolCallProtocol(), RecordingSearch(), RolloutConfig(max_turns=3))
+        ToolCallProtocol(), RecordingSearch(), RolloutOptions(max_turns=3))
     trajs = proposer.rollout([p.row(tok) for p in prompts])
     # the solver answers 5 times: 2 correct -> k = 2 -> difficulty (5-2)/(5-1) = 0.75
     answers = ["<answer> Danube </answer>", "<answer> Rhine </answer>", "<answer> the Danube </answer>",
                "<answer> Elbe </answer>", "no tag at all"]
     solver = RolloutEngine(ScriptedBackend(tok, {question: answers}), ToolCallProtocol(), RecordingSearch(),
-                           RolloutConfig(max_turns=0))
+                           RolloutOptions(max_turns=0))
     scored = score_proposals(trajs, prompts, solver, n_solver=5)
     good, leaky = scored
     assert good["k"] == 2 and good["solver_answers"][4] == ""

@@ -9,7 +9,8 @@ from zsearch_cli.errors import ZsearchError
 from zsearch_cli.models.base import SamplingParams
 from zsearch_cli.models.remote import RemoteBackend
 from zsearch_cli.retrieval.server import serving
-from zsearch_cli.rollout.engine import QARow, RolloutConfig, RolloutEngine
+from zsearch_cli.config.parts import RolloutOptions
+from zsearch_cli.rollout.engine import QARow, RolloutEngine
 from zsearch_cli.rollout.protocols import TagsProtocol
 
 from helpers import RecordingSearch, ScriptedBackend, vllm_style_app
@@ -70,7 +71,7 @@ def test_stop_strings_and_an_engine_rollout_through_the_server(tiny_backend):
     scripted = ScriptedBackend(tok, {question: ["<search> vienna river </search>", "<answer> Danube </answer>"]})
     with serving(vllm_style_app(scripted)) as url:
         remote = RemoteBackend(f"{url}/v1", tok)
-        engine = RolloutEngine(remote, TagsProtocol(), RecordingSearch(), RolloutConfig(max_turns=2, seed=3))
+        engine = RolloutEngine(remote, TagsProtocol(), RecordingSearch(), RolloutOptions(max_turns=2), seed=3)
         traj = engine.rollout([QARow("q0", question, ["Danube"])])[0]
     assert traj.prediction == "Danube" and traj.num_searches == 1
     assert [t["finish"] for t in traj.turns] == ["stop", "stop"]

@@ -12,7 +12,8 @@ import torch
 
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.models.hf import HFBackend
-from zsearch_cli.rollout.engine import RolloutConfig, RolloutEngine
+from zsearch_cli.config.parts import RolloutOptions
+from zsearch_cli.rollout.engine import RolloutEngine
 from zsearch_cli.rollout.protocols import TagsProtocol
 from zsearch_cli.rollout.stream import RolloutStream
 from zsearch_cli.search.base import SearchBackend, SearchBackendError
@@ -55,9 +56,9 @@ class SteppedTiny:
 
 
 def _engine(backend, search, temperature=1.0):
-    cfg = RolloutConfig(max_turns=3, max_turn_tokens=6, topk=2, temperature=temperature, seed=5,
+    cfg = RolloutOptions(max_turns=3, max_turn_tokens=6, topk=2, temperature=temperature,
                         rollout_mode="async", search_concurrency=4)
-    return RolloutEngine(backend, TagsProtocol(), search, cfg)
+    return RolloutEngine(backend, TagsProtocol(), search, cfg, seed=5)
 
 
 def _backend(kind, hf, step_s: float = 0.0):

@@ -15,7 +15,8 @@ import pytest
 
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.models.base import GenerationOutput, SamplingParams
-from zsearch_cli.rollout.engine import QARow, RolloutConfig, RolloutEngine
+from zsearch_cli.config.parts import RolloutOptions
+from zsearch_cli.rollout.engine import QARow, RolloutEngine
 from zsearch_cli.rollout.protocols import TagsProtocol
 from zsearch_cli.search.base import SearchBackendError, SearchRequest
 from zsearch_cli.search.factory import make_search_backend
@@ -106,7 +107,7 @@ def test_each_simulator_prompt_carries_its_own_rows_question_and_answer(tiny_bac
     sim.progress(5, 10)
     assert sim.noise_p == pytest.approx(1 / 3)  # (4^0.5 − 1)/3
     engine = RolloutEngine(ScriptedBackend(tiny_backend.tokenizer, scripts), TagsProtocol(), sim,
-                           RolloutConfig(max_turns=4, topk=3, max_obs_tokens=400))
+                           RolloutOptions(max_turns=4, topk=3, max_obs_tokens=400))
     trajs = {t.row_id: t for t in engine.rollout(rows)}
     logged: set[str] = set()
     for row in rows:

@@ -52,7 +52,7 @@ def _update(model_dir, samples, sampler_shift: dict[tuple[int, int], float] | No
     from zsearch_cli.train.policy import load_policy
     from zsearch_cli.train.update import StepModels, advantages, optimize, rollout_tensors, step_batch
 
-    cfg = resolve_config(TrainConfig(**{**dict(algo="grpo", model=str(model_dir), batch_size=B, group_size=G,
+    cfg = resolve_config(TrainConfig.from_flat(**{**dict(algo="grpo", model=str(model_dir), batch_size=B, group_size=G,
                                                lr=1e-2, beta=0.0, micro_batch_size=B * G, seed=0,
                                                temperature=1.0), **overrides}))
     spec, acfg = get_spec(cfg.algo), algo_config(cfg)
@@ -150,15 +150,15 @@ def test_token_tis_caps_the_weights(tiny_model_dir):
 ])
 def test_unsafe_combinations_are_one_line_errors(overrides, message):
     with pytest.raises(ZsearchError, match=message) as err:
-        check_config(TrainConfig(**overrides))
+        check_config(TrainConfig.from_flat(**overrides))
     assert "\n" not in str(err.value)
 
 
 def test_paper_defaults_of_the_aggregation():
-    assert algo_config(resolve_config(TrainConfig(algo="ppo"))).loss_agg == "token-mean"
+    assert algo_config(resolve_config(TrainConfig.from_flat(algo="ppo"))).loss_agg == "token-mean"
     for algo in ("grpo", "reinforce", "gspo", "dspo", "hrpo"):
-        assert algo_config(resolve_config(TrainConfig(algo=algo))).loss_agg == "seq-mean-token-mean"
-    assert resolve_config(TrainConfig(algo="grpo")).loss_agg == "seq-mean-token-mean"  # recorded, never null
+        assert algo_config(resolve_config(TrainConfig.from_flat(algo=algo))).loss_agg == "seq-mean-token-mean"
+    assert resolve_config(TrainConfig.from_flat(algo="grpo")).loss_agg == "seq-mean-token-mean"  # recorded, never null
 
 
 @pytest.mark.parametrize("algo", ["grpo", "gspo"])
@@ -196,11 +196,11 @@ def test_the_separate_forward_stays_where_pi_old_is_needed_first():
     from zsearch_cli.train.update import fused_old_logp
 
     base = dict(algo="grpo")
-    assert fused_old_logp(TrainConfig(**base), 10, has_critic=False)
+    assert fused_old_logp(TrainConfig.from_flat(**base), 10, has_critic=False)
     for extra in (dict(ppo_epochs=2), dict(mini_batch_size=5), dict(rollout_overlap=1), dict(rollout_is="token"),
                   dict(rollout_rs="geometric")):
-        assert not fused_old_logp(TrainConfig(**base, **extra), 10, has_critic=False), extra
-    assert not fused_old_logp(TrainConfig(algo="ppo"), 10, has_critic=True)
+        assert not fused_old_logp(TrainConfig.from_flat(**base, **extra), 10, has_critic=False), extra
+    assert not fused_old_logp(TrainConfig.from_flat(algo="ppo"), 10, has_critic=True)
 
 
 def test_a_checkpoint_of_an_older_zsearch_resumes(tmp_path, tiny_model_dir, demo_index):

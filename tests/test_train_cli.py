@@ -80,13 +80,13 @@ def test_preset_values_yield_to_flags_and_config_file(tmp_path, monkeypatch):
     monkeypatch.setattr("zsearch_cli.train.trainer.run_training", lambda cfg, **kw: seen.append(cfg))
     _ok(["train", "--preset", "search-r1", "--lr", "1e-5", "--out", str(tmp_path)])
     cfg = seen[-1]
-    assert (cfg.algo, cfg.lr, cfg.critic_lr, cfg.beta, cfg.clip_eps, cfg.steps, cfg.max_turns) == \
+    assert (cfg.algo, cfg.optim.lr, cfg.critic_lr, cfg.beta, cfg.clip_eps, cfg.steps, cfg.rollout.max_turns) == \
         ("ppo", 1e-5, 1e-5, 0.001, 0.2, 500, 4)
     conf = tmp_path / "train.yaml"
     conf.write_text("steps: 7\nalgo: grpo\n")
     _ok(["train", "--preset", "zerosearch", "--config", str(conf), "--topk", "2", "--out", str(tmp_path)])
     cfg = seen[-1]
-    assert (cfg.algo, cfg.steps, cfg.topk, cfg.reward, cfg.group_size, cfg.preset) == ("grpo", 7, 2, "f1", 5, "zerosearch")
+    assert (cfg.algo, cfg.steps, cfg.rollout.topk, cfg.reward, cfg.group_size, cfg.preset) == ("grpo", 7, 2, "f1", 5, "zerosearch")
     _ok(["train", "--out", str(tmp_path), "--algo-arg", "baseline=rloo", "--algo", "reinforce"])
     assert seen[-1].algo_args == {"baseline": "rloo"} and seen[-1].preset is None
 
@@ -124,10 +124,10 @@ def test_metadata_holds_the_resolved_config_and_the_algorithms_reward(tmp_path, 
 def test_each_algorithm_defaults_to_its_papers_reward(algo, reward):
     from zsearch_cli.train.config import TrainConfig, algo_config, resolve_config
 
-    cfg = resolve_config(TrainConfig(algo=algo, group_size=1 if algo in ("ppo", "reinforce") else 2))
+    cfg = resolve_config(TrainConfig.from_flat(algo=algo, group_size=1 if algo in ("ppo", "reinforce") else 2))
     assert cfg.reward == reward
     assert resolve_config(cfg) == cfg  # idempotent: a resumed run compares equal
     if algo.startswith("dspo"):
         assert algo_config(cfg).reward == reward  # the filter's metric is the reward
     # A value the user set always wins over the algorithm's default.
-    assert resolve_config(TrainConfig(algo=algo, reward="f1" if reward != "f1" else "em")).reward != reward
+    assert resolve_config(TrainConfig.from_flat(algo=algo, reward="f1" if reward != "f1" else "em")).reward != reward

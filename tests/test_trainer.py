@@ -88,7 +88,7 @@ def test_masked_tokens_get_exactly_zero_gradient(algo, tiny_model_dir):
     ({"algo": "grpo", "group_size": 1}, "--algo grpo needs --group-size >= 2 (a group baseline needs G >= 2)"),
     ({"algo": "dspo", "group_size": 1}, "--algo dspo needs --group-size >= 2"),
     ({"algo": "ppo", "critic_model": "none"}, "--algo ppo needs a critic"),
-    ({"algo": "ppo", "critic_lr": 0.0}, "--algo ppo needs a critic learning rate"),
+    ({"algo": "ppo", "critic_lr": 0.0}, "--critic-lr must be > 0, got 0.0"),
     ({"algo": "grpo", "critic_model": "x"}, "--critic-model is only used by ppo"),
     ({"reward": "bleu"}, "unknown --reward 'bleu'"),
     ({"lr_schedule": "linear"}, "unknown --lr-schedule 'linear'"),
@@ -99,18 +99,18 @@ def test_masked_tokens_get_exactly_zero_gradient(algo, tiny_model_dir):
 ])
 def test_bad_configs_are_one_line_errors(overrides, message):
     with pytest.raises(ZsearchError) as err:
-        check_config(TrainConfig(**overrides))
+        check_config(TrainConfig.from_flat(**overrides))
     assert message in str(err.value)
     assert "\n" not in str(err.value)
 
 
 def test_algo_config_takes_paper_defaults_and_overrides():
-    assert TrainConfig(algo="grpo").lr == 1e-6  # lr and G are the trainer's, not the loss's
-    assert (TrainConfig(algo="ppo").group_size, TrainConfig(algo="grpo").group_size) == (1, 5)
+    assert TrainConfig.from_flat(algo="grpo").optim.lr == 1e-6  # lr and G are the trainer's, not the loss's
+    assert (TrainConfig.from_flat(algo="ppo").group_size, TrainConfig.from_flat(algo="grpo").group_size) == (1, 5)
     assert not {"lr", "group_size"} & {f.name for f in dataclasses.fields(algo_config(TrainConfig()))}
-    c = algo_config(TrainConfig(algo="dspo", batch_size=16, reward="subem", clip_eps=0.01, max_gen_batches=4))
+    c = algo_config(TrainConfig.from_flat(algo="dspo", batch_size=16, reward="subem", clip_eps=0.01, max_gen_batches=4))
     assert (c.target_groups, c.reward, c.clip_eps_low, c.clip_eps_high, c.max_gen_batches) == (16, "subem", 0.01, 0.01, 4)
-    c = algo_config(TrainConfig(algo="reinforce", algo_args=parse_algo_args(["baseline=rloo", "clip-eps-high=0.28"])))
+    c = algo_config(TrainConfig.from_flat(algo="reinforce", algo_args=parse_algo_args(["baseline=rloo", "clip-eps-high=0.28"])))
     assert (c.baseline, c.clip_eps_high, c.clip_eps_low) == ("rloo", 0.28, 0.2)
 
 
@@ -119,13 +119,13 @@ def test_presets_fill_only_what_the_user_did_not_set():
 
     cfg = TrainConfig.from_preset("search-r1")
     acfg = algo_config(cfg)
-    assert (cfg.algo, cfg.reward, cfg.topk, cfg.max_turns, cfg.steps) == ("ppo", "em", 3, 4, 500)
-    assert (cfg.lr, cfg.critic_lr, acfg.beta, acfg.clip_eps_low, cfg.group_size) == (1e-6, 1e-5, 0.001, 0.2, 1)
+    assert (cfg.algo, cfg.reward, cfg.rollout.topk, cfg.rollout.max_turns, cfg.steps) == ("ppo", "em", 3, 4, 500)
+    assert (cfg.optim.lr, cfg.critic_lr, acfg.beta, acfg.clip_eps_low, cfg.group_size) == (1e-6, 1e-5, 0.001, 0.2, 1)
     assert TrainConfig.from_preset("search-r1", algo="grpo").group_size == 5  # the GRPO option
     z = TrainConfig.from_preset("zerosearch", lr=5e-6)
-    assert (z.algo, z.reward, z.group_size, z.topk, z.max_turns, z.steps, z.lr) == ("reinforce", "f1", 5, 5, 5, 200, 5e-6)
+    assert (z.algo, z.reward, z.group_size, z.rollout.topk, z.rollout.max_turns, z.steps, z.optim.lr) == ("reinforce", "f1", 5, 5, 5, 200, 5e-6)
     d = TrainConfig.from_preset("drzero-solver")
-    assert (d.algo, d.group_size, d.protocol, d.max_turns, d.reward) == ("grpo", 5, "tool_call", 5, "em")
+    assert (d.algo, d.group_size, d.rollout.protocol, d.rollout.max_turns, d.reward) == ("grpo", 5, "tool_call", 5, "em")
     assert TrainConfig.from_preset("dspo").reward == "subem"
     merged = apply_preset("dspo", {"reward": "em", "topk": 5}, explicit={"topk"})
     assert merged == {"algo": "dspo", "reward": "subem", "topk": 5, "search": "bm25", "protocol": "tags"}
@@ -189,7 +189,7 @@ def _collect(engine, data, shard=(0, 1), all_counts=None, **cfg):
     from zsearch_cli.train.step_samples import sample_step
     from zsearch_cli.train.config import get_spec
 
-    tc = TrainConfig(algo="dspo", group_size=2, batch_size=data.batch_size, reward="subem", **cfg)
+    tc = TrainConfig.from_flat(algo="dspo", group_size=2, batch_size=data.batch_size, reward="subem", **cfg)
     return sample_step(engine, data, get_spec("dspo"), algo_config(tc), step=3, group_size=tc.group_size,
                    metric="subem", protocol="tags",
                    shard=shard, all_counts=all_counts)

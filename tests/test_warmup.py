@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from zsearch_cli.cli import app
 from zsearch_cli.retrieval.base import Passage
-from zsearch_cli.rollout.engine import QARow, RolloutConfig
+from zsearch_cli.config.parts import RolloutOptions
+from zsearch_cli.rollout.engine import QARow
 from zsearch_cli.rollout.protocols import TagsProtocol, ToolCallProtocol
 from zsearch_cli.schemas import TRAJECTORY, read_artifact, read_metadata
 from zsearch_cli.commands.warmup import teacher_trajectories
@@ -24,7 +25,7 @@ def test_teacher_searches_the_question_then_answers_the_gold(tiny_backend, proto
     question = "Which river flows through Vienna?"
     search = RecordingSearch({question: [Passage("d1", "Danube", "The Danube flows through Vienna.")]})
     rows = [QARow("q0", question, ["Danube", "the Danube"]), QARow("q1", "Who wrote Emma?", ["Jane Austen"])]
-    trajs = teacher_trajectories(rows, tok, protocol, search, RolloutConfig())
+    trajs = teacher_trajectories(rows, tok, protocol, search, RolloutOptions())
     assert [t.prediction for t in trajs] == ["Danube", "Jane Austen"]
     assert [t.num_searches for t in trajs] == [1, 1] and [t.num_invalid for t in trajs] == [0, 0]
     assert [r.query for r in search.requests[0]] == [question, "Who wrote Emma?"]  # one search per row, its question
@@ -44,7 +45,7 @@ def test_a_row_without_gold_is_refused(tiny_backend):
 
     with pytest.raises(ZsearchError, match="row 'q0': no golden answer"):
         teacher_trajectories([QARow("q0", "Q?", [])], tiny_backend.tokenizer, TagsProtocol(), RecordingSearch(),
-                             RolloutConfig())
+                             RolloutOptions())
 
 
 def test_warmup_data_cli_on_the_demo_split(tmp_path, tiny_model_dir):

@@ -59,35 +59,35 @@ def test_zerosearch_preset_sets_the_paper_values_for_the_simulator_only(tmp_path
         return seen[-1]
 
     cfg = train("--search", "sim:sim-model")
-    assert (cfg.algo, cfg.reward, cfg.group_size, cfg.topk, cfg.max_turns, cfg.steps, cfg.lr, cfg.beta) == \
+    assert (cfg.algo, cfg.reward, cfg.group_size, cfg.rollout.topk, cfg.rollout.max_turns, cfg.steps, cfg.optim.lr, cfg.beta) == \
         ("reinforce", "f1", 5, 5, 5, 200, 1e-6, 0.001)
-    assert (cfg.noise_start, cfg.noise_end, cfg.noise_base, cfg.noise_schedule) == (0.0, 0.25, 4.0, "curriculum")
-    assert train("--search", "sim:sim-model", "--noise-end", "0.75").noise_end == 0.75  # a flag wins
+    assert (cfg.sim.noise_start, cfg.sim.noise_end, cfg.sim.noise_base, cfg.sim.noise_schedule) == (0.0, 0.25, 4.0, "curriculum")
+    assert train("--search", "sim:sim-model", "--noise-end", "0.75").sim.noise_end == 0.75  # a flag wins
     cfg = train("--search", "sim:sim-model?noise_end=0.5")  # so does the spec's own option
-    assert (cfg.noise_start, cfg.noise_end) == (0.0, None) and search_options(cfg)["noise_start"] == 0.0
+    assert (cfg.sim.noise_start, cfg.sim.noise_end) == (0.0, None) and search_options(cfg)["noise_start"] == 0.0
     # with a real engine (the paper's real-search comparison) the simulator values are left out
     cfg = train("--search", "bm25")
-    assert (cfg.noise_start, cfg.noise_end, cfg.noise_base, cfg.noise_schedule) == (None, None, None, None)
+    assert (cfg.sim.noise_start, cfg.sim.noise_end, cfg.sim.noise_base, cfg.sim.noise_schedule) == (None, None, None, None)
     assert (cfg.algo, cfg.reward) == ("reinforce", "f1") and search_options(cfg) == {}
     lib = TrainConfig.from_preset("zerosearch", search="bm25")
-    assert lib.noise_end is None and TrainConfig.from_preset("zerosearch", search="sim:x").noise_end == 0.25
+    assert lib.sim.noise_end is None and TrainConfig.from_preset("zerosearch", search="sim:x").sim.noise_end == 0.25
 
 
 def test_noise_options_and_seed_reach_the_simulator():
-    cfg = TrainConfig(search="sim:unused?mode=prompt", noise_start=0.1, noise_end=0.6, noise_base=2.0,
+    cfg = TrainConfig.from_flat(search="sim:unused?mode=prompt", noise_start=0.1, noise_end=0.6, noise_base=2.0,
                       noise_schedule="curriculum", seed=7)
     kwargs = search_options(cfg)
     assert kwargs == {"noise_start": 0.1, "noise_end": 0.6, "noise_base": 2.0, "noise_schedule": "curriculum",
                       "seed": 7}
-    sim = make_search_backend(cfg.search, generator=object(), **kwargs)  # generator: no model load
+    sim = make_search_backend(cfg.retrieval.search, generator=object(), **kwargs)  # generator: no model load
     cur = sim.curriculum
     assert (cur.p_start, cur.p_end, cur.base, cur.schedule, cur.seed, sim.config.mode) == \
         (0.1, 0.6, 2.0, "curriculum", 7, "prompt")
     sim.progress(5, 10)
     assert sim.noise_p == pytest.approx(noise_probability(5, 10, 0.1, 0.6, 2.0))
     # the spec's seed is the user's choice; fixed schedule = p_s at every step
-    cfg = TrainConfig(search="sim:unused?seed=3", noise_start=0.5, noise_schedule="fixed", seed=7)
-    sim = make_search_backend(cfg.search, generator=object(), **search_options(cfg))
+    cfg = TrainConfig.from_flat(search="sim:unused?seed=3", noise_start=0.5, noise_schedule="fixed", seed=7)
+    sim = make_search_backend(cfg.retrieval.search, generator=object(), **search_options(cfg))
     sim.progress(9, 10)
     assert (sim.curriculum.seed, sim.noise_p) == (3, 0.5)
 
@@ -124,7 +124,7 @@ def test_validation_reuses_the_training_engine_when_it_is_the_same(tiny_model_di
     from zsearch_cli.search.local import IndexSearch
     from zsearch_cli.train.trainer import Trainer
 
-    cfg = TrainConfig(algo="reinforce", model=str(tiny_model_dir), index=demo_index, out=tmp_path / "r", steps=1,
+    cfg = TrainConfig.from_flat(algo="reinforce", model=str(tiny_model_dir), index=demo_index, out=tmp_path / "r", steps=1,
                       batch_size=1, group_size=1, device="cpu", val_data=str(val_qa), val_limit=1)
     trainer = Trainer(cfg)
     assert trainer.validator.search is trainer.search and isinstance(trainer.search, IndexSearch)

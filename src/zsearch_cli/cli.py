@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import typer
 
-from zsearch_cli import __version__, cli_drzero, cli_train
+from zsearch_cli import __version__, cli_audit, cli_doctor, cli_drzero, cli_train
 from zsearch_cli.cli_options import command
+from zsearch_cli.config.fields import build
 from zsearch_cli.cli_base import OneLineErrors, resolved_options, show_ranges_in_help
 from zsearch_cli.config.commands import (AgentServeOptions, CollectOptions, EvalOptions, IndexOptions, JudgeOptions,
                                          QueryOptions, ServeOptions, ShowOptions)
@@ -48,7 +49,7 @@ def index(ctx: typer.Context, given: dict) -> None:
     """Build a BM25 and/or dense index over a corpus."""
     from zsearch_cli.retrieval.index import build_index
 
-    opts = IndexOptions(**given)
+    opts = build(IndexOptions, given)
     typer.echo(f"index written to {build_index(opts.corpus, opts.out, options=resolved_options(ctx))}")
 
 
@@ -58,7 +59,7 @@ def show(ctx: typer.Context, given: dict) -> None:
     """Print trajectories turn by turn: reasoning, queries, retrieved titles, answer, gold, reward."""
     from zsearch_cli.commands.show import show as show_trajectories
 
-    opts = ShowOptions(**given)
+    opts = build(ShowOptions, given)
     show_trajectories(opts.file, opts.ids or (), opts.where, opts.limit)
 
 
@@ -66,11 +67,11 @@ def show(ctx: typer.Context, given: dict) -> None:
 @command(QueryOptions, name="search")
 def search(ctx: typer.Context, given: dict) -> None:
     """Search an index (or any --search backend) and print the top-k as a table (for humans)."""
-    o = QueryOptions(**given)
+    o = build(QueryOptions, given)
     if o.search is None:
         from zsearch_cli.retrieval.index import print_search
 
-        print_search(o.query, o.index, method=o.method, topk=o.topk or 3)
+        print_search(o.query, o.retrieval.index, method=o.retrieval.method, topk=o.topk or 3)
     elif o.search.strip().startswith(("sim:", "sim+")):
         from zsearch_cli.search.show import print_simulation
 
@@ -79,18 +80,16 @@ def search(ctx: typer.Context, given: dict) -> None:
     else:
         from zsearch_cli.search.show import print_backend_search
 
-        print_backend_search(o.search, o.query, o.index, o.topk or 3, o.question, o.answer or [])
+        print_backend_search(o.search, o.query, o.retrieval.index, o.topk or 3, o.question, o.answer or [])
 
 
 @app.command()
 @command(ServeOptions, name="serve")
 def serve(ctx: typer.Context, given: dict) -> None:
-    """Serve an index over HTTP with Search-R1's /retrieve API."""
-    from zsearch_cli.retrieval.server import run_server
+    """Serve an index, replicas, SerpAPI or the ZeroSearch simulator over HTTP with Search-R1's /retrieve API."""
+    from zsearch_cli.commands.serve import plan_from_options, serve as run_serve
 
-    o = ServeOptions(**given)
-    run_server(o.index, host=o.host, port=o.port, method=o.method, max_queries=o.max_queries,
-               max_topk=o.max_topk, cache_size=o.cache_size, cache_bytes=o.cache_mb << 20)
+    run_serve(plan_from_options(build(ServeOptions, given)))
 
 
 # ----------------------------------------------------------------------------- eval
@@ -102,7 +101,7 @@ def eval_(ctx: typer.Context, given: dict) -> None:
     """Evaluate a model (EM, F1, subEM) per dataset, or score a predictions file."""
     from zsearch_cli.commands.evaluate import evaluate, score_predictions
 
-    opts, options = EvalOptions(**given), resolved_options(ctx)
+    opts, options = build(EvalOptions, given), resolved_options(ctx)
     if opts.predictions is not None:
         score_predictions(opts.predictions, opts.qa, opts.out, options, opts.group_by, opts.pooled)
     else:
@@ -129,7 +128,7 @@ def collect(ctx: typer.Context, given: dict) -> None:
     """Collect agent trajectories against a real search engine and their query-document rows."""
     from zsearch_cli.commands.collect import collect as run_collect
 
-    run_collect(CollectOptions(**given), resolved_options(ctx))
+    run_collect(build(CollectOptions, given), resolved_options(ctx))
 
 
 @app.command()
@@ -138,7 +137,7 @@ def judge(ctx: typer.Context, given: dict) -> None:
     """Label each collected query's documents useful or noisy with an LLM judge (ZeroSearch §3.3)."""
     from zsearch_cli.commands.judge import judge as run_judge
 
-    run_judge(JudgeOptions(**given), resolved_options(ctx))
+    run_judge(build(JudgeOptions, given), resolved_options(ctx))
 
 
 # ----------------------------------------------------------------------------- training
@@ -150,6 +149,8 @@ app.command()(cli_train.export)
 app.command("warmup-data")(cli_train.warmup_data)
 app.command()(cli_train.sft)
 app.command()(cli_train.simsft)
+app.command()(cli_audit.audit)  # cli_audit.py (length only)
+app.command()(cli_doctor.doctor)  # cli_doctor.py (length only)
 
 
 # ----------------------------------------------------------------------------- agent
@@ -175,7 +176,7 @@ def agent_serve(ctx: typer.Context, given: dict) -> None:
     /v1/chat/completions API."""
     from zsearch_cli.agent.server import run_agent_server
 
-    run_agent_server(AgentServeOptions(**given))
+    run_agent_server(build(AgentServeOptions, given))
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -15,12 +15,11 @@ from typing import Any, Callable, Optional
 
 import typer
 import yaml
-from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
 from zsearch_cli.errors import ZsearchError, install_log_redaction, one_line
-from zsearch_cli.progress import Stopped
+from zsearch_cli.progress import Stopped, err_console
 from zsearch_cli.config.ranges import ANY, range_for
 
 try:  # recent typer ships its own copy of click
@@ -30,7 +29,6 @@ except ImportError:  # pragma: no cover - older typer on the real click
     from click import get_current_context
     from click.exceptions import ClickException, NoArgsIsHelpError
 
-err_console = Console(stderr=True)
 install_log_redaction()  # every command imports this module: no log line shows a secret
 
 CONFIG_FILE = "zsearch.config_file"

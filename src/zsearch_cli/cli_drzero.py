@@ -13,33 +13,26 @@ from pathlib import Path
 
 import typer
 
-from zsearch_cli.config.ranges import Range
-
-from zsearch_cli.config.fields import build
-
-from zsearch_cli.cli_options import command
 from zsearch_cli.cli_base import resolved_options
+from zsearch_cli.cli_options import command
 from zsearch_cli.config.commands import GenerateOptions
+from zsearch_cli.config.fields import build, leaves
+from zsearch_cli.config.ranges import Range
 from zsearch_cli.presets import PRESETS, apply_preset
 from zsearch_cli.commands.drzero import DrZeroOptions
 from zsearch_cli.train.config import TrainConfig
 
-PROPOSE_TRAINING = ("model", "out", "steps", "seed", "batch_size", "lr", "warmup_ratio", "max_grad_norm",
-                    "weight_decay", "micro_batch_size", "lora_r", "lora_alpha", "lora_targets",
-                    "gradient_checkpointing", "search", "index", "topk", "max_turns", "max_turn_tokens",
-                    "max_obs_tokens", "max_context_tokens", "temperature", "rollout_mode", "search_concurrency", "backend",
-                    "device", "dtype", "save_every", "keep_checkpoints", "resume", "save_rollouts", "report_to",
-                    *("mask_truncated", "guard", "on_collapse", "merge_lora"))
-"""The TrainConfig options ``propose`` takes (HRPO fixes the algorithm's own; it is on-policy, with no
-ratio for a rollout correction to weight)."""
+SOLVE_EXCLUDES = ("algo", "preset", "protocol", "sim", "validation", "ppo_epochs", "mini_batch_size", "critic_lr",
+                  "critic_model", "clip_eps", "clip_eps_low", "clip_eps_high", "max_gen_batches", "algo_args", "reward",
+                  "format_bonus", "rollout_overlap")
+"""What ``solve`` leaves out of TrainConfig: GRPO's own settings (the drzero-solver preset's), the
+protocol (Dr. Zero's tool calls), the simulator and validation. Every other option, a new one
+included, reaches it."""
 
-SOLVE = ("model", "out", "steps", "seed", "batch_size", "group_size", "lr", "beta", "micro_batch_size",
-         "max_grad_norm", "warmup_ratio", "lora_r", "lora_alpha", "lora_targets", "gradient_checkpointing", "search",
-         "index", "topk", "max_turns", "max_turn_tokens", "max_obs_tokens", "max_context_tokens", "temperature",
-         "rollout_mode", "search_concurrency", "backend", "device", "dtype", "save_every", "keep_checkpoints", "resume",
-         "save_rollouts", "report_to", "rollout_is", "rollout_is_cap", "rollout_rs", "rollout_rs_low", "rollout_rs_high",
-         "loss_agg", "mask_truncated", "guard", "on_collapse", "merge_lora")
-"""The TrainConfig options ``solve`` takes (the rest is GRPO's, through the drzero-solver preset)."""
+PROPOSE_EXCLUDES = (*SOLVE_EXCLUDES, "train_data", "group_size", "beta", "loss_agg", "rollout_is", "rollout_is_cap",
+                    "rollout_rs", "rollout_rs_low", "rollout_rs_high")
+"""``propose`` leaves out the same and HRPO's fixed settings (one question per prompt, β = 0): it is
+on-policy, with no ratio for a rollout correction to weight."""
 
 PROPOSE_DEFAULTS = {"index": Path("runs/index")}
 SOLVE_DEFAULTS = {"out": Path("runs/solve")}
@@ -50,8 +43,7 @@ def _shown(preset: str, own: dict, **more: object) -> dict:
     return {**PRESETS[preset], **own, **more}
 
 
-@command(GenerateOptions, TrainConfig, name="propose", only=(*PROPOSE_TRAINING, *(
-             "generate_only", "solver_model", "solver_url", "solver_samples", "hop_ratio", "num_questions", "samples")),
+@command(GenerateOptions, TrainConfig, name="propose", exclude=PROPOSE_EXCLUDES,
          defaults=_shown("drzero-proposer", PROPOSE_DEFAULTS))
 def propose(ctx: typer.Context, given: dict) -> None:
     """Dr. Zero proposer: train it with HRPO against a frozen solver, or (--generate-only) write n-hop questions.
@@ -75,13 +67,13 @@ def propose(ctx: typer.Context, given: dict) -> None:
     from zsearch_cli.commands.propose_train import train_proposer
 
     proposer = build(GenerateOptions, given)
-    cfg = TrainConfig.from_preset("drzero-proposer", **{k: v for k, v in given.items() if k in PROPOSE_TRAINING},
+    cfg = TrainConfig.from_preset("drzero-proposer", **{k: v for k, v in given.items() if k in leaves(TrainConfig)},
                                   out=out or Path("runs/propose"))
-    train_proposer(cfg, solver_model=proposer.solver_model, solver_url=proposer.solver_url,
-                   solver_samples=proposer.solver_samples, hop_ratio=proposer.hop_ratio)
+    train_proposer(cfg, solver_model=proposer.proposer.solver_model, solver_url=proposer.proposer.solver_url,
+                   solver_samples=proposer.proposer.solver_samples, hop_ratio=proposer.proposer.hop_ratio)
 
 
-@command(TrainConfig, name="solve", only=(*SOLVE, "train_data"), defaults=_shown("drzero-solver", SOLVE_DEFAULTS),
+@command(TrainConfig, name="solve", exclude=SOLVE_EXCLUDES, defaults=_shown("drzero-solver", SOLVE_DEFAULTS),
          ranges={"group_size": Range(2, why="GRPO's group baseline")}, argument=("train_data", "qa", "QA file to train on: a `propose --generate-only` PROPOSED_QA Parquet "
                                           "(any QA file works)."))
 def solve(ctx: typer.Context, given: dict) -> None:
@@ -110,4 +102,4 @@ def drzero(ctx: typer.Context, given: dict) -> None:
     from zsearch_cli.commands.drzero import run_drzero
 
     hf_logging.disable_progress_bar()
-    run_drzero(DrZeroOptions(**given), resolved_options(ctx))
+    run_drzero(build(DrZeroOptions, given), resolved_options(ctx))

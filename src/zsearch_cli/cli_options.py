@@ -1,17 +1,14 @@
-"""Typer commands generated from option dataclasses: every option is declared once, as a
-dataclass field, and each command's flags, defaults, help texts and accepted ranges come
-from its dataclasses (the cleanrl ``Args`` / TRL ``HfArgumentParser`` pattern).
+"""Typer commands generated from option dataclasses (the cleanrl ``Args`` / TRL
+``HfArgumentParser`` pattern): the typer side only. The declarations live in ``config/``
+(no typer there): each option is a dataclass field, its docstring the help text, and
+``option(...)`` its flags, parameter name, range and aliases; parts nest
+(``config.fields.part``).
 
-A field's help is its docstring (the string literal under it), or ``option(help=...)``.
-``option(...)`` also carries what only the command line needs: the flags (``--index`` for
-the field ``index``), the parameter name recorded in Parquet metadata, the accepted
-:class:`Range`, and aliases (the names TRL users know). A class that composes parts may
-change a part's default by declaring the field again with a new default only; the help,
-flags and range stay those of the first declaration.
-
-:func:`command` turns dataclasses into a typer command whose body gets only the values the
-user set (command line, environment or ``--config`` file, per click's parameter source);
-the dataclass defaults, or a preset (``presets.py``), fill in the rest.
+:func:`command` flattens a command's dataclasses, parts included, into one flag per option
+(every flag and YAML key as it was before the parts nested: ``tests/golden/flags.txt``) and
+turns them into a typer command whose body gets only the values the user set (command line,
+environment or ``--config`` file, per click's parameter source), by flat name; the dataclass
+defaults, or a preset (``presets.py``), fill in the rest.
 """
 
 from __future__ import annotations
@@ -24,12 +21,12 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from zsearch_cli.errors import ZsearchError
-from zsearch_cli.progress import StopSignals
 from zsearch_cli.cli_base import (CONFIG_ALIASES, ConfigOption, PrintConfigOption, config_yaml, one_line_errors,
-                                 restore_run_config, write_run_config)
+                                  restore_run_config, write_run_config)
 from zsearch_cli.config.fields import Option, fields_of
 from zsearch_cli.config.ranges import RANGES, Range
+from zsearch_cli.errors import ZsearchError
+from zsearch_cli.progress import StopSignals
 
 # ----------------------------------------------------------------------------- commands
 
@@ -43,14 +40,16 @@ def user_set(ctx: Any, param: str) -> bool:
     return getattr(ctx.get_parameter_source(param), "name", None) in _EXPLICIT
 
 
-def command_options(*classes: type, only: tuple[str, ...] | None = None, exclude: tuple[str, ...] = (),
+def command_options(*classes: type, exclude: tuple[str, ...] = (),
                     defaults: dict[str, Any] | None = None) -> dict[str, Option]:
-    """The options of a command made of ``classes``: their fields by name, in order, the
-    first class's spelling winning (a field two classes share must have one declaration)."""
+    """The options of a command made of ``classes``: their fields (their parts' flattened) by
+    name, in order, the first class's spelling winning. ``exclude`` names options, or whole
+    parts by their field name (``"validation"``), that the command has no use for: a command
+    narrows by exclusion, so an option added to a part reaches it."""
     out: dict[str, Option] = {}
     for cls in classes:
         for name, opt in fields_of(cls).items():
-            if name in exclude or (only is not None and name not in only) or name in out:
+            if name in exclude or any(p in exclude for p in opt.path) or name in out:
                 continue
             out[name] = opt
     for name, value in (defaults or {}).items():
@@ -59,7 +58,7 @@ def command_options(*classes: type, only: tuple[str, ...] | None = None, exclude
     return out
 
 
-def command(*classes: type, name: str, only: tuple[str, ...] | None = None, exclude: tuple[str, ...] = (),
+def command(*classes: type, name: str, exclude: tuple[str, ...] = (),
             defaults: dict[str, Any] | None = None, ranges: dict[str, Range] | None = None,
             argument: tuple[str, str, str] | None = None, config_file: bool = True) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorator: ``run(ctx, given)`` becomes the typer command ``name`` whose options are
@@ -68,7 +67,7 @@ def command(*classes: type, name: str, only: tuple[str, ...] | None = None, excl
     defaults in ``--help`` (the preset applies them; ``given`` never holds them); ``ranges``
     narrows a field's range for this command; ``argument`` (field, name, help) is a field this
     command takes as its required positional argument NAME."""
-    opts = command_options(*classes, only=only, exclude=exclude, defaults=defaults)
+    opts = command_options(*classes, exclude=exclude, defaults=defaults)
     if argument is not None:
         field_name, param, help_text = argument
         opts[field_name] = dataclasses.replace(opts[field_name], argument=True, default=dataclasses.MISSING, param=param,

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import typer
 
-from zsearch_cli.cli_options import command
-
-from zsearch_cli.config.fields import project
 from zsearch_cli.cli_base import resolved_options
+from zsearch_cli.cli_options import command
 from zsearch_cli.config.commands import ExportOptions, PlotOptions, WarmupOptions
+from zsearch_cli.config.fields import build
 from zsearch_cli.train.config import TrainConfig
 from zsearch_cli.train.sft_config import SFTConfig, SimSFTOptions
 
@@ -37,7 +36,7 @@ def plot(ctx: typer.Context, given: dict) -> None:
     """Plot a training run's metric curves to a PNG."""
     from zsearch_cli.train.metrics import plot_metrics
 
-    opts = PlotOptions(**given)
+    opts = build(PlotOptions, given)
     typer.echo(f"curves written to {plot_metrics(opts.run_dir, opts.out, opts.title)}")
 
 
@@ -48,7 +47,7 @@ def export(ctx: typer.Context, given: dict) -> None:
     from zsearch_cli.commands.export import export as run_export
     from zsearch_cli.commands.export import folder_bytes
 
-    o = ExportOptions(**given)
+    o = build(ExportOptions, given)
     out = run_export(o.source, o.out, merge_lora=o.merge_lora, dtype=o.dtype, eval_dir=o.eval, force=o.force,
                      note=lambda line: typer.echo(line, err=True))
     typer.echo(f"exported to {out} ({folder_bytes(out) / 2**20:.1f} MiB; zsearch eval --model {out})")
@@ -65,7 +64,7 @@ def warmup_data(ctx: typer.Context, given: dict) -> None:
     """
     from zsearch_cli.commands.warmup import build_warmup_data
 
-    build_warmup_data(WarmupOptions(**given), resolved_options(ctx))
+    build_warmup_data(build(WarmupOptions, given), resolved_options(ctx))
 
 
 @command(SFTConfig, name="sft")
@@ -80,7 +79,7 @@ def sft(ctx: typer.Context, given: dict) -> None:
     """
     from zsearch_cli.train.sft import run_sft
 
-    run_sft(SFTConfig(**given))
+    run_sft(build(SFTConfig, given))
 
 
 @command(SimSFTOptions, name="simsft")
@@ -94,6 +93,6 @@ def simsft(ctx: typer.Context, given: dict) -> None:
     """
     from zsearch_cli.commands.simsft import simsft as run_simsft
 
-    o = SimSFTOptions(**given)
-    run_simsft(o.judgments, project(o, SFTConfig), resolved_options(ctx), balance=o.balance, titles=o.titles,
+    o = build(SimSFTOptions, given)
+    run_simsft(o.judgments, o.sft, resolved_options(ctx), balance=o.balance, titles=o.titles,
                doc_words=o.doc_words)

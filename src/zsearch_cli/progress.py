@@ -22,6 +22,11 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator
 
+from rich.console import Console
+
+err_console = Console(stderr=True)
+"""The console for stderr that commands and library code share (errors, warnings, progress)."""
+
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 

@@ -205,18 +205,21 @@ REMOTE_SETTINGS = ("corpus_fingerprint", "corpus_size", "bm25_k1", "bm25_b", "bm
 def _served_corpus(url: str) -> dict[str, Any]:
     """A ``zsearch serve`` says its index and retriever settings in /health (``settings``;
     older servers: the fingerprint prefix and size only); other servers (Search-R1's) do
-    not, and those fields are recorded as unknown. The retriever stays the URL."""
-    try:
-        import requests
+    not, and those fields are recorded as unknown. The retriever stays the URL. Replicas
+    (``http://a,http://b``) serve one index: the first that answers says its settings."""
+    import requests
 
-        health = requests.get(url.rstrip("/") + "/health", timeout=2).json()
-        settings = health.get("settings")
-        if isinstance(settings, dict):
-            return {k: settings.get(k) for k in REMOTE_SETTINGS}
-        fingerprint = str(health["index"]).split("-")[0]
-        return {"corpus_fingerprint": fingerprint, "corpus_size": int(health["n_docs"])}
-    except Exception:  # noqa: BLE001 - not a zsearch server, or down: the search itself will say so
-        return {}
+    for replica in (u.strip() for u in url.split(",") if u.strip()):
+        try:
+            health = requests.get(replica.rstrip("/") + "/health", timeout=2).json()
+            settings = health.get("settings")
+            if isinstance(settings, dict):
+                return {k: settings.get(k) for k in REMOTE_SETTINGS}
+            fingerprint = str(health["index"]).split("-")[0]
+            return {"corpus_fingerprint": fingerprint, "corpus_size": int(health["n_docs"])}
+        except Exception:  # noqa: BLE001 - not a zsearch server, or down: the search itself will say so
+            continue
+    return {}
 
 
 def prompt_id(protocol: str, method: str = "agent", template: str | None = None) -> str:

@@ -168,8 +168,13 @@ EVAL_SUMMARY = Artifact(
         ("avg_turns", pa.float64()),
         ("avg_tokens", pa.float64()),
         *[c for c in PROTOCOL_COLUMNS if c[0] not in ("dataset", "model")],
+        # The corpus ceiling (`zsearch audit` of the same corpus and QA file, over the same
+        # questions): the share answerable, and answer recall@topk of the same retriever; null
+        # without a matching audit.
+        ("audit_answerable", pa.float64()),
+        ("audit_recall", pa.float64()),
     ]),
-    optional=_PROTOCOL_NAMES | {"missing"},  # summaries written before the protocol existed
+    optional=_PROTOCOL_NAMES | {"missing", "audit_answerable", "audit_recall"},  # summaries written before these existed
 )
 
 PREDICTIONS = Artifact(
@@ -222,6 +227,11 @@ METRIC_COLUMNS: tuple[str, ...] = (
     # truncated_frac: samples whose last turn hit the token cap (or the context budget) without an
     # answer or EOS; garbage_frac / repeat_frac: the policy's own text (train/guard.py).
     "rollout/truncated_frac", "rollout/garbage_frac", "rollout/repeat_frac",
+    # Search behaviour (zsearch_cli/audit/behaviour.py; searches per sample is rollout/searches):
+    # no_search_rate: samples that answered without searching; answer_in_context: samples whose
+    # retrieved text held a gold answer; repeated_query_rate: queries repeating one of the same
+    # sample; answer_tokens: words of the normalised answer (F1's tokens), over samples with one.
+    "rollout/no_search_rate", "rollout/answer_in_context", "rollout/repeated_query_rate", "rollout/answer_tokens",
     # offpolicy/: rollout correction between the sampler (pi_rollout) and the trainer's pi_old
     # (docs/methods.md §4.8), over the policy tokens: k3 KL(rollout||old), chi2 per token and per
     # sequence, the IS weights' mean and max and the share capped at C, the share rejected.
@@ -335,9 +345,87 @@ SFT_EXAMPLE = Artifact(
     optional=frozenset({"id", "metadata"}),
 )
 
+AUDIT_STAMP: tuple[tuple[str, pa.DataType], ...] = (
+    # What an audit was computed from (`zsearch audit`, zsearch_cli/audit/): `zsearch eval` shows
+    # the ceiling beside EM only when these equal its own corpus and QA file.
+    ("audit_version", _str),
+    ("corpus_fingerprint", _str),
+    ("corpus_size", pa.int64()),
+    ("index", _str),                # SearchIndex.name: corpus, kinds and a hash of the index parameters
+    ("retriever", _str),            # the method recall@k was measured with: bm25 | dense | hybrid
+    ("bm25_k1", pa.float64()),      # and its settings, as the eval protocol records them
+    ("bm25_b", pa.float64()),
+    ("bm25_analyzer", _str),
+    ("encoder", _str),
+    ("dataset_fingerprint", _str),  # sha256 of the QA file (protocol.file_fingerprint)
+    ("split", _str),
+    ("limit", pa.int64()),          # --limit; null = the full set
+)
+
+AUDIT_EXAMPLE = Artifact(
+    "audit_example",
+    pa.schema([
+        # One question of `zsearch audit`: where its gold answers occur in the corpus.
+        ("dataset", _str),
+        ("id", _str),
+        ("question", _str),
+        ("golden_answers", _strs),
+        ("answerable", pa.bool_()),         # some gold occurs in some passage (FlashRAG normalisation, token sequence)
+        ("answers_found", _strs),           # the golds that occur somewhere
+        ("answer_passage_ids", _strs),      # for each of those, a passage holding it
+        ("gold_passage_id", _str),          # the passage the gold probe puts first: best-ranked holder, else the first
+        ("answer_rank", pa.int32()),        # 1-based rank of the first retrieved passage holding a gold; null past depth 10
+        ("retrieved_ids", _strs),           # the retriever's top 10 for the question itself
+        ("support_kind", _str),             # title | id | null (the data names no support)
+        ("support", _strs),                 # the supporting titles (ids) the data names
+        ("support_missing", _strs),         # those not in the corpus
+        ("support_covered", pa.bool_()),    # all of them are in the corpus; null without support
+    ]),
+    unique="id",
+)
+
+AUDIT_SUMMARY = Artifact(
+    "audit_summary",
+    pa.schema([
+        ("dataset", _str),
+        ("n", pa.int32()),
+        ("answerable", pa.float64()),
+        *[(f"recall_at_{k}", pa.float64()) for k in (1, 3, 5, 10)],  # audit.corpus.RECALL_AT
+        ("support_n", pa.int32()),          # questions whose data names supporting titles (ids)
+        ("support_coverage", pa.float64()),  # the share of those whose titles all exist; null when support_n is 0
+        ("seconds", pa.float64()),
+        *AUDIT_STAMP,
+    ]),
+)
+
+PROBE_SUMMARY = Artifact(
+    "probe_summary",
+    pa.schema([
+        # `zsearch eval --probe` (zsearch_cli/audit/probe_eval.py): one row per dataset and probe.
+        ("dataset", _str),
+        ("method", _str),                    # agent, or agent+PROBE: the method of the probe's eval files
+        ("probe", _str),                     # real | empty | random | shuffled | gold
+        ("n", pa.int32()),
+        ("em", pa.float64()),
+        ("f1", pa.float64()),
+        ("subem", pa.float64()),
+        ("avg_searches", pa.float64()),
+        ("avg_turns", pa.float64()),
+        ("answer_attribution", pa.float64()),  # correct answers whose string appeared in retrieved text, of the correct
+        ("over_search", pa.float64()),         # searches run after a gold answer appeared, of all searches
+        ("under_search", pa.float64()),        # wrong answers given without any search, of all questions
+        ("answer_in_context", pa.float64()),   # questions whose retrieved text held a gold answer
+        ("subem_em_gap", pa.float64()),
+        ("candidate_lists", pa.float64()),     # answers hedging between candidates ("A or B"), of all questions
+        ("reliance", pa.float64()),            # EM(real) - EM(empty); null without both probes
+        ("gold_headroom", pa.float64()),       # EM(gold) - EM(real); null without both probes
+    ]),
+)
+
 ALL_ARTIFACTS: dict[str, Artifact] = {
     a.name: a for a in (CORPUS, QA, TRAJECTORY, EVAL_EXAMPLE, EVAL_SUMMARY, PREDICTIONS, ROLLOUT, METRICS, PROPOSED_QA,
-              COLLECTED_QUERY, JUDGMENT, SFT_EXAMPLE)
+              COLLECTED_QUERY, JUDGMENT, SFT_EXAMPLE, AUDIT_EXAMPLE, AUDIT_SUMMARY,
+              PROBE_SUMMARY)
 }
 
 

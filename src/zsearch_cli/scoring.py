@@ -6,11 +6,13 @@ without the trainer importing a command."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any, Sequence
 
 import pyarrow as pa
 
+from zsearch_cli.errors import ZsearchError
 from zsearch_cli.rewards import score_answer
 from zsearch_cli.rollout.trajectory import Trajectory
 from zsearch_cli.schemas import EVAL_EXAMPLE, rows_to_table
@@ -54,3 +56,21 @@ def evaluate_engine(engine: Any, rows: Sequence[Any], dataset: str, model: str, 
     if not examples:
         return examples, None
     return examples, summarize(rows_to_table(examples, EVAL_EXAMPLE, Path(dataset)), dataset, method, model)
+
+
+def dataset_dir(out: Path, key: str) -> Path:
+    """OUT/KEY as nested folders, never outside ``out``: each part of the key is escaped
+    (``%`` -> ``%25``, a leading ``.`` -> ``%2E``, the empty root of an absolute path ->
+    ``%2F``), which is one-to-one, so distinct keys get distinct folders."""
+    parts = []
+    for part in key.split("/"):
+        part = part.replace("%", "%25")
+        if part == "":
+            part = "%2F"
+        elif part.startswith("."):
+            part = "%2E" + part[1:]
+        parts.append(part)
+    path = Path(out).joinpath(*parts)
+    if not Path(os.path.abspath(path)).is_relative_to(Path(os.path.abspath(out))):  # defensive: cannot happen
+        raise ZsearchError(f"dataset key {key!r} would be written outside --out {out}")
+    return path

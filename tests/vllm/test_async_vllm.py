@@ -11,7 +11,8 @@ import pytest
 
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.models.base import SamplingParams, streams
-from zsearch_cli.rollout.engine import RolloutConfig, RolloutEngine
+from zsearch_cli.config.parts import RolloutOptions
+from zsearch_cli.rollout.engine import RolloutEngine
 from zsearch_cli.rollout.protocols import TagsProtocol
 from zsearch_cli.search.base import SearchBackend, SearchBackendError
 
@@ -99,9 +100,9 @@ def test_async_on_vllm_gives_the_sync_trajectories(engine, temperature):
     def run(mode: str, search_seed: int):
         backend = StreamingTiny(engine)
         search = RandomLatencySearch(search_seed, latencies=(0.0, 0.05, 0.3), overtake=mode == "async")
-        cfg = RolloutConfig(max_turns=3, max_turn_tokens=6, topk=2, temperature=temperature, seed=5,
+        cfg = RolloutOptions(max_turns=3, max_turn_tokens=6, topk=2, temperature=temperature,
                             rollout_mode=mode, search_concurrency=4)
-        trajs = RolloutEngine(backend, TagsProtocol(), search, cfg).rollout(ROWS[:4], group_size=2, step=2)
+        trajs = RolloutEngine(backend, TagsProtocol(), search, cfg, seed=5).rollout(ROWS[:4], group_size=2, step=2)
         return [t.to_row() for t in trajs], backend, search
 
     sync, sync_backend, _ = run("sync", 0)
@@ -125,7 +126,7 @@ class FailingSearch(SearchBackend):
 
 
 def test_a_failed_async_rollout_leaves_no_request_in_the_engine(engine, prompts):
-    cfg = RolloutConfig(max_turns=3, max_turn_tokens=6, topk=2, temperature=0.0, rollout_mode="async")
+    cfg = RolloutOptions(max_turns=3, max_turn_tokens=6, topk=2, temperature=0.0, rollout_mode="async")
     with pytest.raises(SearchBackendError, match="the retriever is down"):
         RolloutEngine(StreamingTiny(engine), TagsProtocol(), FailingSearch(), cfg).rollout(ROWS[:4], group_size=2)
     assert not engine._running

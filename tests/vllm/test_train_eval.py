@@ -56,7 +56,7 @@ def _trainer(tmp_path, model_dir, index, **overrides):
     options = dict(algo="grpo", model=str(model_dir), index=index, out=tmp_path / "run", steps=3, batch_size=2,
                    group_size=2, max_turn_tokens=16, max_turns=2, device="cpu", lr=1e-3, backend="vllm",
                    save_every=0)
-    return Trainer(TrainConfig(**{**options, **overrides}), reward_fn=odd_share)
+    return Trainer(TrainConfig.from_flat(**{**options, **overrides}), reward_fn=odd_share)
 
 
 def test_three_steps_stay_synced(tmp_path, vllm_tiny_dir, demo_index):
@@ -96,7 +96,7 @@ def test_a_sync_that_leaves_the_engine_stale_stops_training(tmp_path, vllm_tiny_
         # The probe guard, which runs right after each sync, catches it before any rollout.
         del trainer._probe_mismatch
         with pytest.raises(ZsearchError, match=r"the vLLM weight sync failed: .* \(tolerance 1e-03 for float32\)") as err:
-            trainer._sync_generation()
+            trainer.sync_generation()
         assert "\n" not in str(err.value)
     finally:
         trainer.close()

@@ -101,8 +101,8 @@ class AgentService:
             self.count += 1
             seed = job.seed if job.seed is not None else mix_seed(self.seed, self.count)
         cfg = dataclasses.replace(self.engine.config, temperature=job.temperature, top_p=job.top_p,
-                                  max_turn_tokens=job.max_turn_tokens, seed=seed)
-        engine = _TurnEngine(self.engine.backend, self.engine.protocol, self.engine.search, cfg)
+                                  max_turn_tokens=job.max_turn_tokens)
+        engine = _TurnEngine(self.engine.backend, self.engine.protocol, self.engine.search, cfg, seed=seed)
         engine.on_turn, engine.cancelled = on_turn, cancelled
         with self.lock:
             return engine.rollout([QARow(ROW_ID, job.question, [])])[0]
@@ -262,11 +262,11 @@ def run_agent_server(opts: Any) -> None:
     except BaseException:
         sock.close()
         raise
-    name = opts.served_model_name or opts.model
+    name = opts.served_model_name or opts.policy.model
     app = create_app(engine, name, max_concurrent=opts.max_concurrent, seed=opts.seed,
-                     max_body_bytes=opts.max_body_kb << 10, aliases=(opts.model,))
+                     max_body_bytes=opts.max_body_kb << 10, aliases=(opts.policy.model,))
     shown = f"[{opts.host}]" if ":" in opts.host else opts.host
-    print(f"serving agent {name} (search {opts.search}, protocol {opts.protocol}) on "
+    print(f"serving agent {name} (search {opts.retrieval.search}, protocol {opts.rollout.protocol}) on "
           f"http://{shown}:{sock.getsockname()[1]}/v1  (POST /v1/chat/completions, GET /v1/models, GET /health; "
           "Ctrl+C stops)", flush=True)
     from zsearch_cli.retrieval.server import serve_until_stopped

@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from zsearch_cli.config.fields import check_option_ranges
 from zsearch_cli.data.demo import demo_qa
 from zsearch_cli.data.qa import load_qa
 from zsearch_cli.errors import ZsearchError
@@ -108,14 +109,7 @@ def _build_engine(opts: CollectOptions):
 
 
 def _check_options(opts: CollectOptions) -> None:
-    if opts.samples_per_question < 1:
-        raise ZsearchError(f"--samples-per-question must be >= 1, got {opts.samples_per_question}")
-    if opts.batch_size < 1:
-        raise ZsearchError(f"--batch-size must be >= 1, got {opts.batch_size}")
-    if opts.temperature < 0:
-        raise ZsearchError(f"--temperature must be >= 0, got {opts.temperature}")
-    if opts.limit is not None and opts.limit < 1:
-        raise ZsearchError(f"--limit must be >= 1, got {opts.limit}")
+    check_option_ranges(opts)  # the declared ranges: the same check as the command line's
 
 
 def _load_previous(path: Path, config: dict[str, Any]) -> list[Trajectory]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -35,7 +35,7 @@ from rich.console import Console
 
 from zsearch_cli.config.ranges import AT_LEAST_1, POSITIVE, Range
 
-from zsearch_cli.config.fields import Record, option, uses
+from zsearch_cli.config.fields import Record, check_option_ranges, option, part
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.config.parts import ModelOptions, OptimConfig, ProposerOptions, RolloutOptions, RunConfig, SearchConfig, Seeded
 from zsearch_cli.presets import PRESETS
@@ -43,7 +43,8 @@ from zsearch_cli.presets import PRESETS
 LINEAGE = "lineage.json"
 LINEAGE_FORMAT = "zsearch.drzero.lineage/1"
 MAY_CHANGE = {"iterations", "eval_datasets", "eval_data_dir", "eval_limit", "backend", "device", "save_every",
-              "rollout_mode", "search_concurrency"}
+              "rollout_mode", "search_concurrency", "keep_checkpoints", "save_rollouts", "report_to",
+              "gradient_checkpointing"}
 """Options a rerun may change; any other change would break the recorded lineage and is refused."""
 
 
@@ -51,17 +52,22 @@ _PROPOSER, _SOLVER = PRESETS["drzero-proposer"], PRESETS["drzero-solver"]
 
 
 @dataclass(kw_only=True)
-@uses(ModelOptions)
-@uses(SearchConfig, index=Path("runs/index"))
-@uses(RolloutOptions, "topk", "max_turns", "max_turn_tokens", "max_obs_tokens", "temperature", "rollout_mode",
-      "search_concurrency", **{k: _PROPOSER[k] for k in ("topk", "max_turns", "max_turn_tokens", "max_obs_tokens")})
-@uses(Seeded)
-@uses(OptimConfig, "lora_r")
-@uses(RunConfig, "out", "save_every", out=Path("runs/drzero"), save_every=_PROPOSER["save_every"])
-@uses(ProposerOptions, "solver_samples", "hop_ratio")
-class DrZeroOptions(Record):
+class DrZeroOptions(Seeded, Record):
     """What ``zsearch drzero`` runs; defaults are Dr. Zero's (Appendix A, Tables 5–6), from the
-    drzero-proposer and drzero-solver presets."""
+    drzero-proposer and drzero-solver presets. The parts go to every sub-step as they are
+    (``replace(part, …)`` where a side differs): the protocol is Dr. Zero's tool calls, and the
+    context budget and learning rate are each side's own options below."""
+
+    policy: ModelOptions = part(ModelOptions)
+    retrieval: SearchConfig = part(SearchConfig, index=Path("runs/index"))
+    rollout: RolloutOptions = part(RolloutOptions, exclude=("protocol", "max_context_tokens"),
+                                   ranges={"temperature": Range(0, lo_open=True, why="RL samples")},
+                                   **{k: _PROPOSER[k] for k in ("topk", "max_turns", "max_turn_tokens", "max_obs_tokens")})
+    optim: OptimConfig = part(OptimConfig, exclude=("lr",), warmup_ratio=_PROPOSER["warmup_ratio"])
+    # the loop resumes its sub-steps itself (OUT/lineage.json)
+    run: RunConfig = part(RunConfig, exclude=("resume",), out=Path("runs/drzero"), save_every=_PROPOSER["save_every"])
+    # the solver is the loop's own, iteration by iteration
+    proposer: ProposerOptions = part(ProposerOptions, exclude=("solver_model", "solver_url"))
 
     iterations: int = option(3, range=AT_LEAST_1)
     """Self-evolution iterations (Dr. Zero: 3)."""
@@ -102,13 +108,6 @@ def iteration_seeds(seed: int, iteration: int) -> dict[str, int]:
     return {"propose": base + 1, "generate": base + 2, "solve": base + 3}
 
 
-def solve_config(train_data: str | Path, **overrides: Any) -> Any:
-    """``zsearch solve``'s config: ``train`` with the drzero-solver preset on a QA file."""
-    from zsearch_cli.train.config import TrainConfig
-
-    return TrainConfig.from_preset("drzero-solver", train_data=str(train_data), **overrides)
-
-
 def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S")
 
@@ -122,6 +121,8 @@ class Lineage:
         if path.is_file():
             self.data = json.loads(path.read_text())
             saved = self.data.get("options", {})
+            # an option added since the lineage was written ran at its default
+            saved = {**DrZeroOptions().to_dict(), **saved}
             changed = [f"{k}={saved.get(k)!r}->{v!r}" for k, v in now.items()
                        if k not in MAY_CHANGE and saved.get(k) != v]
             if changed:
@@ -129,8 +130,8 @@ class Lineage:
                                    "pass the same options or choose another --out")
             self.data["options"] = now
         else:
-            self.data = {"format": LINEAGE_FORMAT, "base_model": opts.model, "seed": opts.seed, "options": now,
-                         "iterations": [], "current": {"proposer": opts.model, "solver": opts.model}}
+            self.data = {"format": LINEAGE_FORMAT, "base_model": opts.policy.model, "seed": opts.seed, "options": now,
+                         "iterations": [], "current": {"proposer": opts.policy.model, "solver": opts.policy.model}}
 
     def save(self) -> None:
         self.data["updated"] = _now()
@@ -158,7 +159,7 @@ class Loop:
         self.opts = opts
         self.config = config
         self.console = console or Console(stderr=True)
-        self.lineage = Lineage(Path(opts.out) / LINEAGE, opts)
+        self.lineage = Lineage(Path(opts.run.out) / LINEAGE, opts)
         self.ran = 0
 
     def substep(self, it: dict[str, Any], name: str, plan: dict[str, Any],
@@ -186,28 +187,31 @@ class Loop:
 
     # ------------------------------------------------------------------ the sub-steps
 
-    def _train_kwargs(self, run_dir: str) -> dict[str, Any]:
-        """Options both training sub-steps share; ``resume`` when an interrupted run left checkpoints."""
+    def _train_config(self, preset: str, run_dir: str, *, model: str, lr: float, context_tokens: int,
+                      **own: Any) -> Any:
+        """A training sub-step's config: its preset and ``own`` options, then the loop's parts
+        as they are, with the side's model, learning rate and context budget; ``resume`` when
+        an interrupted run left checkpoints."""
         from zsearch_cli.train.checkpoint import latest_checkpoint
+        from zsearch_cli.train.config import TrainConfig
 
         o = self.opts
-        return dict(index=Path(o.index), search=o.search, topk=o.topk, max_turns=o.max_turns,
-                    max_turn_tokens=o.max_turn_tokens, max_obs_tokens=o.max_obs_tokens, temperature=o.temperature,
-                    rollout_mode=o.rollout_mode, search_concurrency=o.search_concurrency, lora_r=o.lora_r, save_every=o.save_every, resume=latest_checkpoint(Path(run_dir)) is not None,
-                    backend=o.backend, device=o.device, dtype=o.dtype)
+        cfg = TrainConfig.from_preset(preset, **own)
+        return replace(cfg, policy=replace(o.policy, model=model), retrieval=o.retrieval,
+                       rollout=replace(o.rollout, protocol=cfg.rollout.protocol, max_context_tokens=context_tokens),
+                       optim=replace(o.optim, lr=lr),
+                       run=replace(o.run, out=Path(run_dir), resume=latest_checkpoint(Path(run_dir)) is not None))
 
     def propose(self, rec: dict[str, Any]) -> dict[str, Any]:
         from zsearch_cli.commands.propose_train import train_proposer
-        from zsearch_cli.train.config import TrainConfig
 
         if not Path(rec["checkpoint"]).is_dir():  # final/ exists = that run completed
             o = self.opts
-            cfg = TrainConfig.from_preset(
-                "drzero-proposer", model=rec["proposer_init"], out=Path(rec["run_dir"]), steps=o.proposer_steps,
-                batch_size=o.batch_size, lr=o.proposer_lr, seed=rec["seed"],
-                max_context_tokens=o.proposer_context_tokens, **self._train_kwargs(rec["run_dir"]))
-            train_proposer(cfg, solver_model=rec["solver"], solver_samples=o.solver_samples, hop_ratio=o.hop_ratio,
-                           console=self.console)
+            cfg = self._train_config("drzero-proposer", rec["run_dir"], model=rec["proposer_init"], lr=o.proposer_lr,
+                                     context_tokens=o.proposer_context_tokens, steps=o.proposer_steps,
+                                     batch_size=o.batch_size, seed=rec["seed"])
+            train_proposer(cfg, solver_model=rec["solver"], solver_samples=o.proposer.solver_samples,
+                           hop_ratio=o.proposer.hop_ratio, console=self.console)
         return {}
 
     def generate(self, rec: dict[str, Any]) -> dict[str, Any]:
@@ -217,13 +221,10 @@ class Loop:
         o = self.opts
         if not Path(rec["data"]).is_file():  # written atomically once complete
             gen = GenerateOptions(
-                model=rec["proposer"], solver_model=rec["solver"], index=str(o.index), search=o.search,
-                num_questions=o.questions_per_iteration, samples=o.samples, solver_samples=o.solver_samples,
-                hop_ratio=o.hop_ratio, seed=rec["seed"], topk=o.topk, max_turns=o.max_turns,
-                max_turn_tokens=o.max_turn_tokens, max_obs_tokens=o.max_obs_tokens,
-                max_context_tokens=o.proposer_context_tokens, temperature=o.temperature, batch_size=o.batch_size,
-                rollout_mode=o.rollout_mode, search_concurrency=o.search_concurrency, backend=o.backend,
-                device=o.device)
+                policy=replace(o.policy, model=rec["proposer"]), retrieval=o.retrieval,
+                rollout=replace(o.rollout, max_context_tokens=o.proposer_context_tokens),
+                proposer=replace(o.proposer, solver_model=rec["solver"]), num_questions=o.questions_per_iteration,
+                samples=o.samples, seed=rec["seed"], batch_size=o.batch_size)
             generate_questions(gen, Path(rec["data"]), {**self.config, "drzero_substep": rec["label"]})
         rows = read_artifact(rec["data"], PROPOSED_QA).to_pylist()
         hops = {str(h): sum(r["hops"] == h for r in rows) for h in (1, 2, 3, 4)}
@@ -235,10 +236,10 @@ class Loop:
 
         if not Path(rec["checkpoint"]).is_dir():
             o = self.opts
-            cfg = solve_config(rec["data"], model=rec["solver_init"], out=Path(rec["run_dir"]), steps=o.solver_steps,
-                               batch_size=rec["batch_size"], group_size=o.group_size, lr=o.solver_lr,
-                               seed=rec["seed"], max_context_tokens=o.solver_context_tokens,
-                               **self._train_kwargs(rec["run_dir"]))
+            cfg = self._train_config("drzero-solver", rec["run_dir"], model=rec["solver_init"], lr=o.solver_lr,
+                                     context_tokens=o.solver_context_tokens, train_data=str(rec["data"]),
+                                     steps=o.solver_steps, batch_size=rec["batch_size"], group_size=o.group_size,
+                                     seed=rec["seed"])
             run_training(cfg, console=self.console)
         return {}
 
@@ -247,11 +248,11 @@ class Loop:
 
         o = self.opts
         summaries = evaluate(EvalOptions(
-            datasets=o.eval_datasets, data_dir=Path(o.eval_data_dir), out=Path(rec["out"]), model=rec["model"],
-            search=o.search, index=Path(o.index), protocol="tool_call", topk=o.topk, max_turns=o.max_turns,
-            max_turn_tokens=o.max_turn_tokens, max_obs_tokens=o.max_obs_tokens,
-            max_context_tokens=o.solver_context_tokens, limit=o.eval_limit, rollout_mode=o.rollout_mode,
-            search_concurrency=o.search_concurrency, backend=o.backend, device=o.device,
+            datasets=o.eval_datasets, data_dir=Path(o.eval_data_dir), out=Path(rec["out"]), limit=o.eval_limit,
+            policy=replace(o.policy, model=rec["model"]), retrieval=o.retrieval,
+            # greedy, as `zsearch eval` scores
+            rollout=replace(o.rollout, protocol="tool_call", max_context_tokens=o.solver_context_tokens,
+                            temperature=0.0, top_p=1.0),
         ), {**self.config, "drzero_substep": rec["label"]})
         return {"results": [{k: s[k] for k in ("dataset", "n", "em", "f1", "subem")} for s in summaries]}
 
@@ -259,8 +260,8 @@ class Loop:
 
     def run(self) -> dict[str, Any]:
         o = self.opts
-        out = Path(o.out)
-        proposer = solver = o.model
+        out = Path(o.run.out)
+        proposer = solver = o.policy.model
         for i in range(1, o.iterations + 1):
             it = self.lineage.iteration(i)
             seeds = it["seeds"]
@@ -302,15 +303,11 @@ def check_options(opts: DrZeroOptions) -> None:
     """Every invalid value as one line, before anything heavy loads."""
     from zsearch_cli.commands.propose import parse_hop_ratio
 
-    for name in ("iterations", "proposer_steps", "solver_steps", "questions_per_iteration", "samples", "batch_size",
-                 "solver_batch_size"):
-        if getattr(opts, name) < 1:
-            raise ZsearchError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(opts, name)}")
-    if opts.group_size < 2 or opts.solver_samples < 2:
-        raise ZsearchError("--group-size and --solver-samples must be >= 2 (group baseline; difficulty reward)")
-    parse_hop_ratio(opts.hop_ratio)
-    if not (Path(opts.index) / "manifest.json").is_file():
-        raise ZsearchError(f"{opts.index}: no index there (build one with `zsearch index --out {opts.index}`)")
+    check_option_ranges(opts)  # the declared ranges: the same check as the command line's
+    parse_hop_ratio(opts.proposer.hop_ratio)
+    index = opts.retrieval.index
+    if not (Path(index) / "manifest.json").is_file():
+        raise ZsearchError(f"{index}: no index there (build one with `zsearch index --out {index}`)")
 
 
 def run_drzero(opts: DrZeroOptions, config: dict[str, Any], console: Console | None = None) -> dict[str, Any]:

@@ -23,8 +23,6 @@ the saved ones; otherwise the run is refused in one line naming what differs.
 
 from __future__ import annotations
 
-import dataclasses
-import os
 import sys
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -36,6 +34,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from zsearch_cli.scoring import dataset_dir
+from zsearch_cli.config.fields import to_flat
 from zsearch_cli.data.demo import demo_qa
 from zsearch_cli.data.qa import (
     BENCHMARK_SPLITS,
@@ -73,7 +73,7 @@ console = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
 METHODS = ("direct", "cot", "rag", "agent")
 
 EVAL_RESUME_MAY_CHANGE = {"datasets", "data_dir", "download", "out", "limit", "batch_size", "device", "backend",
-                          "predictions", "qa", "rollout_mode", "search_concurrency", "group_by", "pooled"}
+                          "predictions", "qa", "rollout_mode", "search_concurrency", "group_by", "pooled", "probe"}
 """Options that may differ between an eval and the run whose rows it reuses: which rows are
 asked for, where files are, and how the same computation is batched or placed. Everything
 else (and the protocol: weights, corpus, prompt, metric, QA file) must be equal."""
@@ -148,29 +148,11 @@ def dataset_files(spec: str, data_dir: Path, download: bool = False) -> list[Dat
     return out
 
 
-def dataset_dir(out: Path, key: str) -> Path:
-    """OUT/KEY as nested folders, never outside ``out``: each part of the key is escaped
-    (``%`` -> ``%25``, a leading ``.`` -> ``%2E``, the empty root of an absolute path ->
-    ``%2F``), which is one-to-one, so distinct keys get distinct folders."""
-    parts = []
-    for part in key.split("/"):
-        part = part.replace("%", "%25")
-        if part == "":
-            part = "%2F"
-        elif part.startswith("."):
-            part = "%2E" + part[1:]
-        parts.append(part)
-    path = Path(out).joinpath(*parts)
-    if not Path(os.path.abspath(path)).is_relative_to(Path(os.path.abspath(out))):  # defensive: cannot happen
-        raise ZsearchError(f"dataset key {key!r} would be written outside --out {out}")
-    return path
-
-
 def _build_engine(opts: EvalOptions):
     from zsearch_cli.rollout.build import MAKE, build_engine
 
     engine = build_engine(opts, search=MAKE if opts.method in ("agent", "rag") else None,
-                          max_turns=opts.max_turns if opts.method == "agent" else 0)
+                          max_turns=opts.rollout.max_turns if opts.method == "agent" else 0)
     return engine, engine.search
 
 
@@ -196,7 +178,7 @@ def _method_template(method: str) -> str | None:
 
 
 def eval_protocol(opts: EvalOptions, d: DatasetInput, qa_rows: int) -> Protocol:
-    return build_protocol(dataclasses.asdict(opts), dataset=d.key, dataset_fingerprint=file_fingerprint(d.path),
+    return build_protocol(to_flat(opts), dataset=d.key, dataset_fingerprint=file_fingerprint(d.path),
                           split=d.split, limit=opts.limit, full_set=opts.limit is None or opts.limit >= qa_rows,
                           method=opts.method, template=_method_template(opts.method))
 
@@ -219,31 +201,33 @@ def check_reusable(path: Path, config: dict[str, Any], protocol: Protocol) -> No
 
 
 def evaluate(opts: EvalOptions, config: dict[str, Any]) -> list[dict[str, Any]]:
-    """Run every dataset, resuming from earlier partial outputs of the same protocol;
-    returns the summaries (each with its protocol columns)."""
+    """Run every dataset (under each ``--probe``: audit/probe_eval.py), resuming from earlier
+    partial outputs of the same protocol; returns the summaries (each with its protocol columns)."""
+    from zsearch_cli.audit.probe_eval import ProbePlan
     from zsearch_cli.rollout.engine import QARow
 
     if opts.method not in METHODS:
         raise ZsearchError(f"unknown --method {opts.method!r}: use one of {', '.join(METHODS)}")
+    plan = ProbePlan(opts)
     files = dataset_files(opts.datasets, opts.data_dir, opts.download)
     # validate everything before loading a model
     qa_tables, notes = split_by_group([(d, load_qa(d.path)) for d in files], opts.group_by, opts.pooled)
     for line in notes:
         console.print(line, markup=False, highlight=False)
     protocols = {d.key: eval_protocol(opts, d, qa.num_rows) for d, qa in qa_tables}
-    for d, _ in qa_tables:
-        existing = dataset_dir(opts.out, d.key) / f"{opts.method}.examples.parquet"
-        if existing.exists():
-            check_reusable(existing, config, protocols[d.key])
-    with heartbeat("eval", f"loading {opts.model}"):
+    qa_tables = [(d, qa.slice(0, opts.limit) if opts.limit is not None else qa) for d, qa in qa_tables]
+    for d, qa in qa_tables:  # the matching audit, and each probe's rows of an earlier run
+        for existing, protocol in plan.prepare(opts.out, d.key, protocols[d.key], qa.column("id").to_pylist()):
+            check_reusable(existing, config, protocol)
+    with heartbeat("eval", f"loading {opts.policy.model}"):
         engine, search = _build_engine(opts)
     summaries = []
     stop = active_stop()  # zsearch eval: SIGTERM / SIGINT raise Stopped at once; written rows stay
-    for k, (d, qa) in enumerate(qa_tables, 1):
-        name, protocol = d.key, protocols[d.key]
-        if opts.limit is not None:
-            qa = qa.slice(0, opts.limit)
-        out_examples = dataset_dir(opts.out, name) / f"{opts.method}.examples.parquet"
+    for probe, k, (d, qa) in [(p, k, dq) for p in plan.probes for k, dq in enumerate(qa_tables, 1)]:
+        name, protocol, method = d.key, plan.protocol(probe, protocols[d.key]), plan.label(probe)
+        engine.search = plan.backend(probe, search, name)
+        record = plan.protocol_record(name, protocol)
+        out_examples = dataset_dir(opts.out, name) / f"{method}.examples.parquet"
         done_rows: list[dict[str, Any]] = []
         if out_examples.exists():
             done_rows = read_artifact(out_examples, EVAL_EXAMPLE).to_pylist()
@@ -256,11 +240,11 @@ def evaluate(opts: EvalOptions, config: dict[str, Any]) -> list[dict[str, Any]]:
         def scored() -> list[dict[str, Any]]:
             return [r for r in done_rows if r["id"] in wanted]
 
-        label = f"eval {name} ({opts.method}" + (f", dataset {k}/{len(qa_tables)})" if len(qa_tables) > 1 else ")")
+        label = f"eval {name} ({method}" + (f", dataset {k}/{len(qa_tables)})" if len(qa_tables) > 1 else ")")
         written = len(scored())
         lines = ProgressLines(label, qa.num_rows, "questions", done=written)  # plain lines in a log file
         try:
-            with Progress(TextColumn(f"eval {name} ({opts.method})"), BarColumn(), MofNCompleteColumn(),
+            with Progress(TextColumn(f"eval {name} ({method})"), BarColumn(), MofNCompleteColumn(),
                           TimeElapsedColumn(), console=console, transient=True) as bar, lines:
 
                 def row_done(n: int) -> None:
@@ -270,14 +254,14 @@ def evaluate(opts: EvalOptions, config: dict[str, Any]) -> list[dict[str, Any]]:
                 task = bar.add_task(name, total=len(todo))
                 for start in range(0, len(todo), opts.batch_size):
                     batch = todo[start : start + opts.batch_size]
-                    _single_turn_prompts(opts.method, batch, search, opts.topk)
+                    _single_turn_prompts(opts.method, batch, engine.search, opts.rollout.topk)
                     trajs = engine.rollout(batch, group_size=1, on_row_done=row_done)
-                    done_rows += example_rows(name, opts.method, trajs)
+                    done_rows += example_rows(name, method, trajs)
                     rows_now = scored()
                     # after every batch: resumable (a signal waits for the file to be whole, then
                     # stops with these rows written)
                     with stop.deferred() if stop is not None else nullcontext():
-                        write_artifact(done_rows, out_examples, EVAL_EXAMPLE, config, protocol.as_dict())
+                        write_artifact(done_rows, out_examples, EVAL_EXAMPLE, config, record)
                         written = len(rows_now)
                     lines.advance(0, em=sum(r["em"] for r in rows_now) / max(written, 1))
         except Stopped as err:
@@ -290,11 +274,13 @@ def evaluate(opts: EvalOptions, config: dict[str, Any]) -> list[dict[str, Any]]:
         if not rows:
             continue
         examples = rows_to_table(rows, EVAL_EXAMPLE, out_examples)
-        summary = {**summarize(examples, name, opts.method, opts.model), **protocol.as_dict()}
-        write_artifact([summary], out_examples.with_name(f"{opts.method}.summary.parquet"), EVAL_SUMMARY, config,
-                       protocol.as_dict())
+        summary = {**summarize(examples, name, method, opts.policy.model), **protocol.as_dict(),
+                   **plan.ceiling_columns(name)}
+        write_artifact([summary], out_examples.with_name(f"{method}.summary.parquet"), EVAL_SUMMARY, config, record)
         summaries.append(summary)
+        plan.add(probe, name, summary, rows)
     print_summaries(summaries, [protocols[s["dataset"]] for s in summaries])
+    plan.report(opts.out, config)
     plot_em(opts.out)
     return summaries
 
@@ -391,12 +377,17 @@ def print_summaries(summaries: Sequence[dict[str, Any]], protocols: Sequence[Pro
     if not summaries:
         return
     table = Table(title="zsearch eval")
-    for col in ("dataset", "method", "n", "missing", "EM", "F1", "subEM", "answered", "searches", "turns"):
+    audited = any(s.get("audit_answerable") is not None for s in summaries)  # `zsearch audit`: the ceiling
+    for col in ("dataset", "method", "n", "missing", "EM", *(("ceiling", f"R@{summaries[0].get('topk')}") if audited
+                                                             else ()), "F1", "subEM",
+                "answered", "searches", "turns"):
         # fold, never cut with an ellipsis: a dataset key must stay readable in a narrow terminal
         table.add_column(col, justify="left" if col in ("dataset", "method") else "right", overflow="fold")
     for s in summaries:
         n = f"{s['n']}" + ("" if s.get("full_set", True) else f" (--limit {s.get('limit')})")
-        table.add_row(s["dataset"], s["method"], n, str(s.get("missing", 0)), f"{s['em']:.3f}", f"{s['f1']:.3f}",
+        ceiling = [f"{v:.3f}" if v is not None else "-" for v in (s.get("audit_answerable"), s.get("audit_recall"))]
+        table.add_row(s["dataset"], s["method"], n, str(s.get("missing", 0)), f"{s['em']:.3f}",
+                      *(ceiling if audited else ()), f"{s['f1']:.3f}",
                       f"{s['subem']:.3f}", f"{s['answered']:.2f}", f"{s['avg_searches']:.2f}", f"{s['avg_turns']:.2f}")
     stdout = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 140)  # a log: 140, not 80, columns
     stdout.print(table)

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from zsearch_cli.config.fields import check_option_ranges
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.config.commands import JudgeOptions
 from zsearch_cli.prompts.judge import JUDGE_PROMPT_VERSION, LABELS, build_judge_prompt, parse_verdict
@@ -56,7 +57,7 @@ def local_judge(opts: JudgeOptions) -> JudgeFn:
     from zsearch_cli.models.loading import apply_chat
     from zsearch_cli.models.factory import load_backend
 
-    backend = load_backend(opts.judge_model, backend=opts.backend, device=opts.device)
+    backend = load_backend(opts.judge_model, backend=opts.runtime.backend, device=opts.runtime.device)
     tokenizer = backend.tokenizer
     model = getattr(backend, "model", None)
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
@@ -136,12 +137,7 @@ def _load_previous(path: Path, judge_model: str) -> list[dict[str, Any]]:
 
 def judge(opts: JudgeOptions, config: dict[str, Any]) -> dict[str, Any]:
     """Judge (or resume judging) every query row; returns label counts (and balanced counts)."""
-    if opts.batch_size < 1:
-        raise ZsearchError(f"--batch-size must be >= 1, got {opts.batch_size}")
-    if opts.limit is not None and opts.limit < 1:
-        raise ZsearchError(f"--limit must be >= 1, got {opts.limit}")
-    if opts.max_new_tokens < 1:
-        raise ZsearchError(f"--max-new-tokens must be >= 1, got {opts.max_new_tokens}")
+    check_option_ranges(opts)  # the declared ranges: the same check as the command line's
     queries = read_artifact(opts.queries, COLLECTED_QUERY)  # validate before loading a model
     if opts.limit is not None:
         queries = queries.slice(0, opts.limit)

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from zsearch_cli.config.fields import check_option_ranges
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.config.commands import GenerateOptions
 from zsearch_cli.prompts import format_source_document, render_proposer_prompt
@@ -178,11 +179,11 @@ def make_engines(opts: Any) -> tuple[RolloutEngine, RolloutEngine, Any]:
     from zsearch_cli.retrieval.index import load_index
     from zsearch_cli.rollout.build import build_engine
 
-    index = load_index(opts.index)
+    index = load_index(opts.retrieval.index)
     proposer = build_engine(opts, protocol="tool_call")
-    if opts.solver_url or opts.solver_model not in (None, opts.model):
-        solver = solver_backend(opts.solver_model or opts.model, opts.solver_url, backend=opts.backend,
-                                device=opts.device)
+    if opts.proposer.solver_url or opts.proposer.solver_model not in (None, opts.policy.model):
+        solver = solver_backend(opts.proposer.solver_model or opts.policy.model, opts.proposer.solver_url, backend=opts.policy.backend,
+                                device=opts.policy.device)
     else:
         solver = proposer.backend  # the same weights: share the loaded model
     return (proposer, build_engine(opts, backend=solver, search=proposer.search, protocol="tool_call",
@@ -197,18 +198,17 @@ def generate_questions(opts: GenerateOptions, out: Any, config: dict[str, Any]) 
 
     from zsearch_cli.schemas import PROPOSED_QA, write_artifact
 
-    if opts.samples < 1 or opts.solver_samples < 2:
-        raise ZsearchError("--samples must be >= 1 and --solver-samples >= 2 (the difficulty reward needs n >= 2)")
+    check_option_ranges(opts)  # the declared ranges: the same check as the command line's
     proposer, solver, index = make_engines(opts)
-    prompts = proposer_prompts(index, opts.num_questions, opts.hop_ratio, opts.seed)
+    prompts = proposer_prompts(index, opts.num_questions, opts.proposer.hop_ratio, opts.seed)
     rows: list[dict[str, Any]] = []
     with Progress(console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("propose", total=len(prompts))
         for start in range(0, len(prompts), opts.batch_size):
             batch = prompts[start : start + opts.batch_size]
             trajs = proposer.rollout([p.row(proposer.tokenizer) for p in batch], group_size=opts.samples)
-            scored = score_proposals(best_of(trajs, batch, opts.samples), batch, solver, opts.solver_samples)
-            rows += qa_rows(scored, batch, opts.solver_samples)
+            scored = score_proposals(best_of(trajs, batch, opts.samples), batch, solver, opts.proposer.solver_samples)
+            rows += qa_rows(scored, batch, opts.proposer.solver_samples)
             bar.advance(task, len(batch))
     if not rows:
         raise ZsearchError(f"none of the {len(prompts)} proposals passed the format gate (a question and an "

@@ -132,7 +132,7 @@ def solver_engine(solver_model: str, cfg: TrainConfig, search: SearchBackend, de
     prompt), the run's turn limits, and a sampling seed apart from the proposer's."""
     from zsearch_cli.rollout.build import build_engine
 
-    backend = solver_backend(solver_model, solver_url, backend=cfg.backend, device=device, dtype=cfg.dtype)
+    backend = solver_backend(solver_model, solver_url, backend=cfg.policy.backend, device=device, dtype=cfg.policy.dtype)
     return build_engine(cfg, backend=backend, search=search, protocol="tool_call", seed=cfg.seed + 1)
 
 
@@ -167,19 +167,19 @@ def train_proposer(cfg: TrainConfig, *, solver_model: str | None = None, solver_
     from zsearch_cli.search.factory import make_search_backend
     from zsearch_cli.train.trainer import Trainer
 
-    if cfg.algo != "hrpo" or cfg.protocol != "tool_call":
+    if cfg.algo != "hrpo" or cfg.rollout.protocol != "tool_call":
         raise ZsearchError(f"proposer training runs --algo hrpo with the tool_call protocol, got "
-                           f"--algo {cfg.algo} --protocol {cfg.protocol}")
-    proposer_run = {"solver_model": solver_model or cfg.model, "solver_url": solver_url or None,
+                           f"--algo {cfg.algo} --protocol {cfg.rollout.protocol}")
+    proposer_run = {"solver_model": solver_model or cfg.policy.model, "solver_url": solver_url or None,
              "solver_samples": solver_samples, "hop_ratio": hop_ratio}
-    _check_run_file(Path(cfg.out), proposer_run, cfg.resume)
-    index_dir = cfg.index or Path("runs/index")
-    data = ProposerData(load_index(index_dir), cfg.batch_size, hop_ratio, cfg.seed, load_tokenizer(cfg.model))
+    _check_run_file(Path(cfg.run.out), proposer_run, cfg.run.resume)
+    index_dir = cfg.retrieval.index or Path("runs/index")
+    data = ProposerData(load_index(index_dir), cfg.batch_size, hop_ratio, cfg.seed, load_tokenizer(cfg.policy.model))
     reward = ProposerReward(data, solver_samples)
-    search = make_search_backend(cfg.search, index_dir=index_dir)
+    search = make_search_backend(cfg.retrieval.search, index_dir=index_dir)
     trainer = Trainer(cfg, search=search, data=data, batch_reward_fn=reward, console=console)
     reward.solver = solver_engine(proposer_run["solver_model"], cfg, search, str(trainer.accelerator.device),
                                   solver_url=proposer_run["solver_url"])
     if trainer.accelerator.is_main_process:
-        _write_run_file(Path(cfg.out), proposer_run)
+        _write_run_file(Path(cfg.run.out), proposer_run)
     return trainer.train()

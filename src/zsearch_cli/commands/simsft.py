@@ -133,11 +133,11 @@ def simsft(judgments: Path, cfg: SFTConfig, config: dict[str, Any], *, balance: 
                   f"{labels['noisy']} noisy); skipped: {reasons}", highlight=False)
     if not examples:
         raise ZsearchError(f"{judgments}: no usable rows (every row was skipped: {reasons})")
-    out = Path(cfg.out)
+    out = Path(cfg.run.out)
     data = write_artifact(examples, out / SFT_SET_FILE, SFT_EXAMPLE, {**config, "skipped": dict(skipped)})
     cfg = SFTConfig.from_dict({**cfg.to_dict(), "data": str(data), "chat_template": SIM_CHAT_TEMPLATE})
     final = run_sft(cfg, console=console)
-    serve = final / "merged" if cfg.lora_r > 0 and (final / "merged").is_dir() else final
+    serve = final / "merged" if cfg.optim.lora_r > 0 and (final / "merged").is_dir() else final
     console.print(
         f"simulator written to {final}. Use it in rollouts (topk <= {SFT_DOCS}):\n"
         f"  in-process:  zsearch train --search sim:{final} --topk {SFT_DOCS} ...\n"

@@ -26,7 +26,8 @@ from typing import Any, Sequence
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.config.commands import WarmupOptions
 from zsearch_cli.models.base import GenerationOutput, SamplingParams
-from zsearch_cli.rollout.engine import QARow, RolloutConfig, RolloutEngine
+from zsearch_cli.config.parts import RolloutOptions
+from zsearch_cli.rollout.engine import QARow, RolloutEngine
 from zsearch_cli.rollout.trajectory import Trajectory
 
 SEARCH_THOUGHT = "<think> I need to look this up. </think>\n"
@@ -69,7 +70,7 @@ class TeacherBackend:
 
 
 def teacher_trajectories(rows: Sequence[QARow], tokenizer: Any, protocol: Any, search: Any,
-                         config: RolloutConfig) -> list[Trajectory]:
+                         config: RolloutOptions) -> list[Trajectory]:
     """One teacher trajectory per row (see the module docstring); rows without a gold
     answer are an error."""
     for row in rows:
@@ -89,20 +90,20 @@ def build_warmup_data(opts: WarmupOptions, config: dict[str, Any]) -> Path:
     from zsearch_cli.models.loading import load_tokenizer
     from zsearch_cli.rollout.protocols import get_protocol
     from zsearch_cli.schemas import TRAJECTORY, write_artifact
-    from zsearch_cli.rollout.build import make_search, rollout_config
+    from zsearch_cli.rollout.build import make_search
 
     try:
-        protocol = get_protocol(opts.protocol)
+        protocol = get_protocol(opts.rollout.protocol)
     except ValueError as err:
         raise ZsearchError(str(err)) from None
     table = load_qa(opts.qa)
     rows = [QARow(r["id"], r["question"], list(r["golden_answers"])) for r in table.to_pylist()[: opts.limit]]
     if not rows:
         raise ZsearchError(f"{opts.qa}: no questions")
-    trajs = teacher_trajectories(rows, load_tokenizer(opts.model), protocol, make_search(opts), rollout_config(opts))
+    trajs = teacher_trajectories(rows, load_tokenizer(opts.policy.model), protocol, make_search(opts), opts.rollout)
     answered = sum(t.prediction is not None for t in trajs)
     out = Path(opts.out)
     write_artifact([t.to_row() for t in trajs], out, TRAJECTORY, config)
     Console(stderr=True).print(f"wrote {len(trajs)} teacher trajectories ({answered} end in an answer) to {out}; "
-                               f"next: zsearch sft {out} --model {opts.model}")
+                               f"next: zsearch sft {out} --model {opts.policy.model}")
     return out

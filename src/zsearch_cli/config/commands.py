@@ -11,15 +11,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from zsearch_cli.config.fields import option, uses
+from zsearch_cli.config.fields import Options, option, part
 from zsearch_cli.config.parts import (ModelOptions, ProposerOptions, RetrievalOptions, RolloutOptions, SearchConfig,
-                                      Seeded, Subset)
+                                      Seeded, SimOptions, Subset)
 from zsearch_cli.config.ranges import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, Range
 
+
 @dataclass(kw_only=True)
-@uses(ModelOptions, "device")
-class IndexOptions:
+class IndexOptions(Options):
     """``zsearch index``."""
+
+    runtime: ModelOptions = part(ModelOptions, exclude=("model", "backend", "dtype"))
 
     corpus: Optional[Path] = option(None, argument=True)
     """Corpus jsonl(.gz)/Parquet [the bundled demo corpus]."""
@@ -51,9 +53,10 @@ class IndexOptions:
 
 
 @dataclass(kw_only=True)
-@uses(RetrievalOptions)
-class QueryOptions:
+class QueryOptions(Options):
     """``zsearch search``."""
+
+    retrieval: RetrievalOptions = part(RetrievalOptions)
 
     query: str = option(argument=True)
     """The query to search for."""
@@ -75,9 +78,21 @@ class QueryOptions:
 
 
 @dataclass(kw_only=True)
-@uses(RetrievalOptions)
-class ServeOptions:
+class ServeOptions(Options):
     """``zsearch serve``."""
+
+    retrieval: RetrievalOptions = part(RetrievalOptions)
+    sim: SimOptions = part(SimOptions)
+
+    search: Optional[str] = option(None, param="search_spec")
+    """Serve another backend instead of --index: http://host:port[,http://host2:port] (a caching proxy over
+    replicas), serpapi[?engine=..&base_url=..], sim:MODEL[?opt=v&..], sim+http://host:port/v1, bm25, dense, hybrid."""
+    workers: int = option(1, range=AT_LEAST_1)
+    """Server processes (uvicorn workers) sharing the port and the memory-mapped index; each has its own LRU
+    cache. Not with the simulator."""
+    serpapi_cache: Optional[Path] = None
+    """--search serpapi: the on-disk answer cache (SQLite, shared by the workers; 'off' disables it)
+    [$ZSEARCH_CACHE/serpapi.sqlite]."""
 
     host: str = "127.0.0.1"
     """Bind address; anything but loopback must be asked for explicitly."""
@@ -94,7 +109,7 @@ class ServeOptions:
 
 
 @dataclass(kw_only=True)
-class ShowOptions:
+class ShowOptions(Options):
     """``zsearch show``."""
 
     file: Path = option(argument=True)
@@ -108,7 +123,7 @@ class ShowOptions:
 
 
 @dataclass(kw_only=True)
-class PlotOptions:
+class PlotOptions(Options):
     """``zsearch plot``."""
 
     run_dir: Path = option(argument=True)
@@ -120,14 +135,12 @@ class PlotOptions:
 
 
 @dataclass(kw_only=True)
-@uses(ModelOptions, "model", "backend", "device")
-@uses(SearchConfig)
-@uses(RolloutOptions, "protocol", "topk", "max_turns", "max_turn_tokens", "max_obs_tokens", "max_context_tokens",
-      "temperature", "rollout_mode", "search_concurrency", temperature=0.0)
-@uses(Seeded)
-@uses(Subset)
-class EvalOptions:
+class EvalOptions(Seeded, Subset):
     """What ``zsearch eval`` runs; the CLI fills it from flags/YAML."""
+
+    policy: ModelOptions = part(ModelOptions, exclude=("dtype",))
+    retrieval: SearchConfig = part(SearchConfig)
+    rollout: RolloutOptions = part(RolloutOptions, temperature=0.0)
 
     datasets: str = "demo"
     """demo (bundled test split), all (the seven benchmarks), a comma list, or QA files. Keys: nq/test
@@ -151,10 +164,14 @@ class EvalOptions:
     holds several (Search-R1's merged test file); none = never split."""
     pooled: bool = False
     """Also score each split file as one pooled dataset, KEY/pooled."""
+    probe: Optional[str] = None
+    """Counterfactual retrievers, each scored as method METHOD+PROBE: comma list of real, empty (no
+    passages), random, shuffled (ranks k+1..2k) and gold (a passage holding the answer first, from
+    `zsearch audit`); prints reliance, gold headroom, over- and under-search [none: real only]."""
 
 
 @dataclass(kw_only=True)
-class ExportOptions:
+class ExportOptions(Options):
     """``zsearch export``: a trained model as a plain HF folder for another machine."""
 
     source: Path = option(argument=True)
@@ -174,13 +191,12 @@ class ExportOptions:
 
 
 @dataclass(kw_only=True)
-@uses(ModelOptions, "model", "backend", "device")
-@uses(SearchConfig)
-@uses(RolloutOptions, topk=5, max_turns=5)
-@uses(Seeded)
-@uses(Subset)
-class CollectOptions:
+class CollectOptions(Seeded, Subset):
     """What ``zsearch collect`` runs: ZeroSearch's settings (five documents, five turns)."""
+
+    policy: ModelOptions = part(ModelOptions, exclude=("dtype",))
+    retrieval: SearchConfig = part(SearchConfig)
+    rollout: RolloutOptions = part(RolloutOptions, topk=5, max_turns=5)
 
     data: Optional[Path] = option(None, flags=("--data",))
     """QA file (jsonl/Parquet) [the bundled demo train split]."""
@@ -193,11 +209,10 @@ class CollectOptions:
 
 
 @dataclass(kw_only=True)
-@uses(ModelOptions, "backend", "device")
-@uses(Seeded)
-@uses(Subset)
-class JudgeOptions:
+class JudgeOptions(Seeded, Subset):
     """What ``zsearch judge`` runs; the CLI fills it from flags/YAML."""
+
+    runtime: ModelOptions = part(ModelOptions, exclude=("model", "dtype"))
 
     queries: Path = option(argument=True)
     """queries.parquet from `zsearch collect` (the COLLECTED_QUERY artifact)."""
@@ -224,13 +239,16 @@ class JudgeOptions:
 
 
 @dataclass(kw_only=True)
-@uses(ModelOptions, "model")
-@uses(SearchConfig, index=Path("runs/index"))
-@uses(RolloutOptions, "protocol", "topk", "max_obs_tokens", "max_context_tokens")
-@uses(Subset)
-class WarmupOptions:
+class WarmupOptions(Subset):
     """``zsearch warmup-data``: teacher trajectories over a QA file (the model's tokenizer and
     chat template, real search results)."""
+
+    policy: ModelOptions = part(ModelOptions, exclude=("backend", "device", "dtype"))
+    retrieval: SearchConfig = part(SearchConfig, index=Path("runs/index"))
+    # teacher trajectories: no sampling, so none of the sampling options
+    rollout: RolloutOptions = part(RolloutOptions, exclude=("max_turns", "max_turn_tokens", "temperature", "top_p",
+                                                          "rollout_mode", "search_concurrency"))
+
 
     qa: str = option(argument=True)
     """QA file (jsonl or Parquet) to play: each question, then its first gold answer."""
@@ -239,15 +257,15 @@ class WarmupOptions:
 
 
 @dataclass(kw_only=True)
-@uses(ModelOptions, "model", "backend", "device")
-@uses(SearchConfig, index=Path("runs/index"))
-@uses(RolloutOptions, "topk", "max_turns", "max_turn_tokens", "max_obs_tokens", "max_context_tokens", "temperature",
-      "rollout_mode", "search_concurrency")
-@uses(Seeded)
-@uses(ProposerOptions)
-class GenerateOptions:
+class GenerateOptions(Seeded):
     """``zsearch propose --generate-only``: write a QA set from a proposer checkpoint (the rollout
     settings are the drzero-proposer preset's unless set)."""
+
+    policy: ModelOptions = part(ModelOptions, exclude=("dtype",))
+    retrieval: SearchConfig = part(SearchConfig, index=Path("runs/index"))
+    # the proposer's protocol is tool calls (Dr. Zero), fixed by its preset
+    rollout: RolloutOptions = part(RolloutOptions, exclude=("protocol",))
+    proposer: ProposerOptions = part(ProposerOptions)
 
     generate_only: bool = option(False, flags=("--generate-only",))
     """Write a QA set from the proposer without training."""
@@ -263,15 +281,14 @@ class GenerateOptions:
 
 
 @dataclass(kw_only=True)
-@uses(ModelOptions, "model", "backend", "device")
-@uses(SearchConfig)
-@uses(RolloutOptions, "protocol", "topk", "max_turns", "max_turn_tokens", "max_obs_tokens", "max_context_tokens",
-      "temperature", "top_p", "rollout_mode", "search_concurrency", temperature=0.0)
-@uses(Seeded)
-class AgentServeOptions:
+class AgentServeOptions(Seeded):
     """``zsearch agent serve``: the search agent behind an OpenAI-compatible chat API (the engine
     and settings of ``zsearch eval --method agent``; a request's temperature, top_p, max_tokens
     and seed override the server's)."""
+
+    policy: ModelOptions = part(ModelOptions, exclude=("dtype",))
+    retrieval: SearchConfig = part(SearchConfig)
+    rollout: RolloutOptions = part(RolloutOptions, temperature=0.0)
 
     host: str = "127.0.0.1"
     """Bind address; anything but loopback must be asked for explicitly."""
@@ -283,3 +300,53 @@ class AgentServeOptions:
     """Requests in flight at most, running or queued (one rollout runs at a time); more get a 429."""
     max_body_kb: int = option(1024, range=AT_LEAST_1)
     """Largest request body in KiB (a larger one gets a 413)."""
+
+
+@dataclass(kw_only=True)
+class AuditOptions(Subset):
+    """``zsearch audit``: what a QA set can score on a corpus (docs/audit.md)."""
+
+    retrieval: RetrievalOptions = part(RetrievalOptions)
+
+    datasets: str = "demo"
+    """demo, all, a comma list, or QA files, keyed as `zsearch eval` keys them."""
+    data_dir: Path = Path("data")
+    """Benchmark files, FlashRAG layout: DATA_DIR/nq/test.jsonl."""
+    download: bool = False
+    """Fetch missing benchmark files from the FlashRAG hub dataset (network)."""
+    group_by: str = "data_source"
+    """Audit each value of this column (or metadata key) as its own dataset, as `zsearch eval` does."""
+    out: Optional[Path] = option(None, flags=("--out", "-o"), aliases=("output_dir",))
+    """Output directory: OUT/KEY/audit.{examples,summary}.parquet [INDEX/audit, where `zsearch eval`
+    looks for it]."""
+
+
+@dataclass(kw_only=True)
+class DoctorOptions(Seeded):
+    """``zsearch doctor``: the self-check to run on a machine before training on it
+    (docs/doctor.md). Give it the model, backend, dtype, search and rollout options of the
+    training run it vouches for."""
+
+    policy: ModelOptions = part(ModelOptions)
+    retrieval: SearchConfig = part(SearchConfig)
+    # three generations per prompt (two searches, then the final turn): several turns, in seconds
+    rollout: RolloutOptions = part(RolloutOptions, max_turns=2)
+
+    out: Path = option(Path("runs/doctor"), flags=("--out", "-o"), aliases=("output_dir",))
+    """Folder for doctor.json."""
+    checks: str = "environment,parity,sync,template,retrieval"
+    """Comma list of the checks to run: environment, parity, sync, template, retrieval."""
+    prompts: int = option(8, range=AT_LEAST_1)
+    """K: demo questions rolled out for the parity check."""
+    template_turns: int = option(3, range=Range(2, why="history needs an earlier turn"))
+    """Assistant turns of the conversation the chat-template check builds."""
+    concurrency: int = option(256, range=AT_LEAST_1)
+    """Retrieval check: single-query requests in flight at once (slime's search_concurrency)."""
+    requests: int = option(1024, range=AT_LEAST_1)
+    """Retrieval check: single-query requests in all."""
+    batch_requests: int = option(2, range=AT_LEAST_1)
+    """Retrieval check: batch requests, all in flight at once."""
+    batch_queries: int = option(2560, range=AT_LEAST_1)
+    """Retrieval check: queries per batch request (Search-R1's GRPO turn: 512 prompts x 5)."""
+    load_timeout: float = option(60.0, range=POSITIVE)
+    """Retrieval check: seconds before a request counts as failed."""

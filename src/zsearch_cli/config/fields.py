@@ -1,6 +1,11 @@
 """How an option is declared: a dataclass field with its default, its docstring (the help
-text) and, through :func:`option`, its flags, accepted range and aliases; the record base
-that saves a config; and the reading of those declarations (:func:`fields_of`).
+text) and, through :func:`option`, its flags, accepted range and aliases; nested parts
+(:func:`part`), narrowed by exclusion; the bases that build a config from flat values and
+save it flat (:class:`Options`, :class:`Record`); and the reading of those declarations
+(:func:`leaves`, :func:`check_option_ranges`).
+
+Objects nest (``cfg.rollout.topk``); names are flat (``--topk``, the YAML key ``topk``, the
+saved key ``topk``), so a flat name is unique in a command's tree.
 
 No typer here: the library (trainer, engine, index) declares and checks its options with
 this module alone, and ``cli_options`` turns the declarations into typer commands.
@@ -59,13 +64,40 @@ def _docstrings(cls: type) -> dict[str, str]:
     return out
 
 
+def part(cls: type, *, exclude: tuple[str, ...] = (), ranges: dict[str, Range] | None = None, **defaults: Any) -> Any:
+    """A nested part: a field holding a ``cls`` (``rollout: RolloutOptions = part(RolloutOptions)``).
+
+    The command gets every option of ``cls``, so an option added to the part reaches every
+    command that holds it; ``exclude`` names the ones this command has no use for (never the
+    ones it keeps), ``defaults`` changes a default where a paper's setting differs, and
+    ``ranges`` narrows what a field accepts here (RL sampling needs a temperature > 0; eval
+    takes 0 for greedy). All name options at any depth by their flat name (``topk``, not
+    ``rollout.topk``)."""
+    known = set(leaves(cls))
+    unknown = sorted((set(exclude) | set(defaults) | set(ranges or {})) - known)
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no option(s) {', '.join(unknown)}")
+    spec = {PART: cls, "exclude": tuple(exclude), "defaults": dict(defaults), "ranges": dict(ranges or {})}
+    return dataclasses.field(default_factory=functools.partial(from_flat, cls, dict(defaults)),
+                             metadata={META: spec})
+
+
+PART = "part"
+
+
+def _part_spec(f: dataclasses.Field) -> dict[str, Any] | None:
+    spec = f.metadata.get(META, {})
+    return spec if PART in spec else None
+
+
 @dataclass(frozen=True)
 class Option:
-    """One field of a command's dataclass, as the command line sees it."""
+    """One option of a command, as the command line sees it: a plain field of the command's
+    dataclass or of one of its parts (``path`` names the part fields leading to it)."""
 
     name: str
     owner: type
-    """The class that first declares the field: where the option is declared, once."""
+    """The class that declares the field: where the option is declared, once."""
     annotation: Any
     default: Any
     help: str
@@ -74,6 +106,8 @@ class Option:
     range: Range | None
     argument: bool
     convert: Callable[[Any], Any] | None
+    path: tuple[str, ...] = ()
+    """The part fields above the option: ``("rollout",)`` for ``cfg.rollout.topk``."""
 
     @property
     def required(self) -> bool:
@@ -81,9 +115,7 @@ class Option:
 
 
 def _owner(cls: type, name: str) -> type:
-    meta = cls.__dataclass_fields__[name].metadata.get(META, {})
-    return meta.get("owner") or next(c for c in reversed(cls.__mro__)
-                                     if name in c.__dict__.get("__annotations__", {}))
+    return next(c for c in reversed(cls.__mro__) if name in c.__dict__.get("__annotations__", {}))
 
 
 def _cli_annotation(annotation: Any) -> Any:
@@ -95,93 +127,173 @@ def _cli_annotation(annotation: Any) -> Any:
     return annotation
 
 
-def fields_of(cls: type) -> dict[str, Option]:
-    """Every field of ``cls`` (its own and its parts') as an :class:`Option`."""
+def _plain_option(cls: type, f: dataclasses.Field, hints: dict[str, Any]) -> Option:
+    owner = _owner(cls, f.name)
+    meta = dict(owner.__dataclass_fields__[f.name].metadata.get(META, {}))
+    help_text = meta.get("help") or next((d[f.name] for c in (*cls.__mro__, owner)
+                                          if f.name in (d := _docstrings(c))), "")
+    default = (dataclasses.MISSING if meta.get("required") else f.default
+               if f.default is not dataclasses.MISSING else f.default_factory()
+               if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
+    param = meta.get("param", f.name)
+    annotation = _cli_annotation(meta.get("cli_type") or hints[f.name])
+    names = (f.name, *meta.get("aliases", ()))
+    flags = meta.get("flags") or tuple(f"--{n.replace('_', '-')}" + (f"/--no-{n.replace('_', '-')}"
+                                                                      if annotation is bool else "")
+                                       for n in names[:1])
+    flags = (*flags, *(f"--{n.replace('_', '-')}" for n in names[1:]))
+    return Option(f.name, owner, annotation, default, help_text, flags, param, meta.get("range"),
+                  meta.get("argument", False), meta.get("convert"))
+
+
+@functools.lru_cache(maxsize=None)
+def leaves(cls: type) -> dict[str, Option]:
+    """Every option of ``cls`` by its flat name, its parts' included (less what each part
+    excludes, with the defaults it changes), in declaration order. A flat name must be
+    unique in the tree: it is the option's flag, ``--config`` key and saved key."""
     hints = typing.get_type_hints(cls)
-    out = {}
+    out: dict[str, Option] = {}
     for f in dataclasses.fields(cls):
-        owner = _owner(cls, f.name)
-        meta = dict(owner.__dataclass_fields__[f.name].metadata.get(META, {}))
-        help_text = meta.get("help") or next((d[f.name] for c in (*cls.__mro__, owner)
-                                              if f.name in (d := _docstrings(c))), "")
-        default = (dataclasses.MISSING if meta.get("required") else f.default
-                   if f.default is not dataclasses.MISSING else f.default_factory()
-                   if f.default_factory is not dataclasses.MISSING else dataclasses.MISSING)
-        param = meta.get("param", f.name)
-        annotation = _cli_annotation(meta.get("cli_type") or hints[f.name])
-        names = (f.name, *meta.get("aliases", ()))
-        flags = meta.get("flags") or tuple(f"--{n.replace('_', '-')}" + (f"/--no-{n.replace('_', '-')}"
-                                                                          if annotation is bool else "")
-                                           for n in names[:1])
-        flags = (*flags, *(f"--{n.replace('_', '-')}" for n in names[1:]))
-        out[f.name] = Option(f.name, owner, annotation, default,
-                             help_text, flags, param, meta.get("range"), meta.get("argument", False),
-                             meta.get("convert"))
+        spec = _part_spec(f)
+        if spec is None:
+            found = {f.name: _plain_option(cls, f, hints)}
+        else:
+            found = {name: dataclasses.replace(opt, path=(f.name, *opt.path),
+                                               default=spec["defaults"].get(name, opt.default),
+                                               range=spec["ranges"].get(name, opt.range))
+                     for name, opt in leaves(spec[PART]).items() if name not in spec["exclude"]}
+        for name, opt in found.items():
+            if name in out:
+                raise TypeError(f"{cls.__name__}: option {name!r} is declared twice "
+                                f"({'.'.join(out[name].path) or cls.__name__} and {'.'.join(opt.path) or cls.__name__})")
+            out[name] = opt
     return out
 
 
+def fields_of(cls: type) -> dict[str, Option]:
+    """Every option of ``cls`` (its own fields and its parts', flattened) as an :class:`Option`."""
+    return dict(leaves(cls))
+
+
+def from_flat(cls: type, values: dict[str, Any]) -> Any:
+    """A ``cls`` (its parts nested) from flat option values; keys that are no option of
+    ``cls`` are left out, and an option not given keeps its default (a part's own defaults
+    first, as :func:`part` changed them)."""
+    kw: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        spec = _part_spec(f)
+        if spec is None:
+            if f.name in values:
+                kw[f.name] = values[f.name]
+            continue
+        sub = {k: v for k, v in values.items() if k not in spec["exclude"]}
+        kw[f.name] = from_flat(spec[PART], {**spec["defaults"], **sub})
+    return cls(**kw)
+
+
+def to_flat(obj: Any) -> dict[str, Any]:
+    """The options of ``obj`` by flat name (the inverse of :func:`from_flat`): what a command
+    shows as flags, less what its parts exclude."""
+    out: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        spec = _part_spec(f)
+        if spec is None:
+            out[f.name] = value
+        else:
+            out.update({k: v for k, v in to_flat(value).items() if k not in spec["exclude"]})
+    return out
+
+
+def with_options(obj: Any, **values: Any) -> Any:
+    """A copy of ``obj`` with options changed by flat name, wherever in its parts they sit
+    (``with_options(cfg, topk=5)`` changes ``cfg.rollout.topk``)."""
+    unknown = sorted(set(values) - set(leaves(type(obj))))
+    if unknown:
+        raise TypeError(f"{type(obj).__name__} has no option(s) {', '.join(unknown)}")
+    changes: dict[str, Any] = {}
+    for f in dataclasses.fields(obj):
+        spec = _part_spec(f)
+        if spec is None:
+            if f.name in values:
+                changes[f.name] = values[f.name]
+            continue
+        mine = {k: v for k, v in values.items() if k in leaves(spec[PART]) and k not in spec["exclude"]}
+        if mine:
+            changes[f.name] = with_options(getattr(obj, f.name), **mine)
+    return dataclasses.replace(obj, **changes)
+
+
+def option_value(obj: Any, opt: Option) -> Any:
+    """The value of option ``opt`` (from :func:`leaves`) in ``obj``, through its parts."""
+    for name in opt.path:
+        obj = getattr(obj, name)
+    return getattr(obj, opt.name)
+
+
+def check_option_ranges(obj: Any) -> None:
+    """Refuse a numeric option outside the range its field declares (as the part holding it
+    narrows it), naming the flag: the library's form of the CLI's check, from the same
+    declaration."""
+    from zsearch_cli.errors import ZsearchError
+
+    for opt in leaves(type(obj)).values():
+        value = option_value(obj, opt)
+        if opt.range is None or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        if not opt.range.contains(value):
+            flag = opt.flags[0].split("/")[0] if opt.flags else f"--{opt.name.replace('_', '-')}"
+            raise ZsearchError(f"{flag} must be {opt.range.describe()}, got {value!r}")
+
+
 def build(cls: type, given: dict[str, Any], **fixed: Any) -> Any:
-    """``cls`` from the values the user set (fields of ``cls`` only) and ``fixed`` ones."""
-    names = {f.name for f in dataclasses.fields(cls)}
-    return cls(**{k: v for k, v in {**given, **fixed}.items() if k in names})
+    """``cls`` from the values the user set and ``fixed`` ones (flat names; others left out)."""
+    return from_flat(cls, {**given, **fixed})
 
 
-class Record:
-    """Mixin for an options dataclass that is saved (checkpoints, metadata, lineage)."""
+class Options:
+    """Base of a command's options: made from flat option values, as the flags give them."""
+
+    @classmethod
+    def from_flat(cls, **values: Any) -> Any:
+        """The options from flat values (``EvalOptions.from_flat(model=…, topk=5)``); an
+        unknown name is an error."""
+        unknown = sorted(set(values) - set(leaves(cls)))
+        if unknown:
+            raise TypeError(f"{cls.__name__} has no option(s) {', '.join(unknown)}")
+        return from_flat(cls, values)
+
+
+class Record(Options):
+    """Base of an options dataclass that is saved (checkpoints, metadata, lineage): flat, as
+    the flags are, so files written before the parts nested read back unchanged."""
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly fields (paths as strings)."""
-        return {k: (str(v) if isinstance(v, Path) else v) for k, v in dataclasses.asdict(self).items()}  # type: ignore[call-overload]
+        """JSON-friendly options by flat name (paths as strings)."""
+        return {k: (str(v) if isinstance(v, Path) else _plain(v)) for k, v in to_flat(self).items()}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Any:
         """The options :meth:`to_dict` wrote (other keys are left out): a path field gets a
         Path back, a str field a str."""
-        hints = typing.get_type_hints(cls)
         kw = {}
-        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-            if f.name not in data:
+        for name, opt in leaves(cls).items():
+            if name not in data:
                 continue
-            value, kinds = data[f.name], (hints[f.name], *typing.get_args(hints[f.name]))
+            hint = typing.get_type_hints(opt.owner)[name]
+            value, kinds = data[name], (hint, *typing.get_args(hint))
             if value is not None and Path in kinds:
                 value = Path(value)
             elif isinstance(value, Path) and str in kinds:
                 value = str(value)
-            kw[f.name] = value
-        return cls(**kw)
+            kw[name] = value
+        return from_flat(cls, kw)
 
 
-def project(obj: Any, cls: type, **fixed: Any) -> Any:
-    """``cls`` made of the fields of ``obj`` it shares (a command's options -> a library config)."""
-    return cls(**{**{f.name: getattr(obj, f.name) for f in dataclasses.fields(cls) if hasattr(obj, f.name)}, **fixed})
-
-
-def uses(part: type, *names: str, **defaults: Any) -> Callable[[type], type]:
-    """Class decorator (below ``@dataclass``): give the class the fields ``names`` of the
-    dataclass ``part`` (all of them when none are named), with ``defaults`` changed. The
-    option stays declared once, in ``part``: its help, flags and range come from there."""
-    hints = typing.get_type_hints(part)
-
-    def add(cls: type) -> type:
-        own = dict(cls.__dict__.get("__annotations__", {}))
-        added = {}
-        for f in dataclasses.fields(part):
-            if names and f.name not in names:
-                continue
-            meta = {**f.metadata.get(META, {}), "owner": f.metadata.get(META, {}).get("owner", part)}
-            if f.name in defaults:
-                value = defaults.pop(f.name)
-                new = dataclasses.field(default=value, metadata={META: meta})
-            elif f.default_factory is not dataclasses.MISSING:
-                new = dataclasses.field(default_factory=f.default_factory, metadata={META: meta})
-            else:
-                new = dataclasses.field(default=f.default, metadata={META: meta})
-            added[f.name] = hints[f.name]
-            setattr(cls, f.name, new)
-        if defaults:
-            raise TypeError(f"{part.__name__} has no field(s) {', '.join(defaults)}")
-        cls.__annotations__ = {**added, **own}
-        return cls
-
-    return add
-
+def _plain(value: Any) -> Any:
+    """``dataclasses.asdict``'s deep copy of containers (a saved dict never aliases the config's)."""
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    return value

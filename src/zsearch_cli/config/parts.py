@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from zsearch_cli.config.fields import option
+from zsearch_cli.config.fields import Options, option
 from zsearch_cli.config.ranges import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, Range
 
 @dataclass(kw_only=True)
@@ -42,8 +42,25 @@ class SearchConfig:
 
 
 @dataclass(kw_only=True)
+class SimOptions:
+    """ZeroSearch's simulated search: the noise curriculum (``--search sim:MODEL`` or
+    ``sim+http://...`` only; docs/methods.md §3). ``None`` = the simulator's default; checked
+    by ``search.simulated.sim_options``."""
+
+    noise_start: Optional[float] = option(None, range=FRACTION)
+    """sim search: curriculum noise p_s [0]."""
+    noise_end: Optional[float] = option(None, range=FRACTION)
+    """sim search: curriculum noise p_e [0.25; paper 7B: 0.75]."""
+    noise_base: Optional[float] = option(None, range=POSITIVE)
+    """sim search: curriculum base b [4]."""
+    noise_schedule: Optional[str] = None
+    """sim search: curriculum (eq. 1) or fixed (p = --noise-start) [curriculum]."""
+
+
+@dataclass(kw_only=True)
 class RolloutOptions:
-    """The rollout engine's limits and sampling; ``RolloutConfig`` (the engine's config) is made of them."""
+    """The rollout engine's limits and sampling: the engine takes this part as it is, so an
+    option added here reaches every command that rolls out."""
 
     protocol: str = "tags"
     """tags (Search-R1) or tool_call (Dr. Zero)."""
@@ -69,13 +86,13 @@ class RolloutOptions:
 
 
 @dataclass(kw_only=True)
-class Seeded:
+class Seeded(Options):
     seed: int = option(0, range=Range(0, 2**32 - 1, why="numpy's seed range"))
     """Seeds everything the command draws at random (data order, sampling, splits)."""
 
 
 @dataclass(kw_only=True)
-class Subset:
+class Subset(Options):
     limit: Optional[int] = option(None, range=AT_LEAST_1)
     """Only the first N questions (rows) of each input [all]."""
 
@@ -88,7 +105,7 @@ class OptimConfig:
     """Peak learning rate (policy/actor)."""
     lr_schedule: str = "constant"
     """constant or cosine (to min_lr_ratio · lr at the last step), after the warmup."""
-    warmup_ratio: float = option(0.0, range=FRACTION)
+    warmup_ratio: float = option(0.0, range=Range(0, 1, hi_open=True, why="1 would never reach the peak lr"))
     """Fraction of the steps with a linear warmup (Dr. Zero: 0.03)."""
     min_lr_ratio: float = option(0.0, range=FRACTION)
     """Cosine floor as a fraction of the peak lr."""

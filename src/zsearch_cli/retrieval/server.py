@@ -1,4 +1,5 @@
-"""The retrieval server: an index behind Search-R1's ``POST /retrieve`` API.
+"""The retrieval server: an index (or any source of :mod:`.sources`: replicas, SerpAPI,
+the ZeroSearch simulator) behind Search-R1's ``POST /retrieve`` API.
 
 Search-R1, ZeroSearch and friends call a local HTTP retriever from their rollout
 loops, so speaking their wire format lets their tools point at us unchanged::
@@ -16,8 +17,11 @@ Design choices, and why:
   pydantic report or a 500 with a traceback) and the hot path skips model overhead.
 * All queries of a request go to the index in one batched ``search`` call, run in the
   threadpool so a slow search never blocks the event loop (the index is thread-safe).
-* An LRU cache keyed by ``(query, topk, index name, method)`` sits in front of the index;
-  rollouts repeat queries a lot, and only the misses are searched, again in one batch.
+* An LRU cache (:mod:`.cache`) keyed by ``(query, topk, index name, method)`` sits in front
+  of the index; rollouts repeat queries a lot, and only the misses are searched, again in
+  one batch. It is per process: ``zsearch serve --workers N`` has N of them.
+* Multi-process serving, and choosing the source from a ``--search`` spec, live in
+  :mod:`zsearch_cli.commands.serve`.
 """
 
 from __future__ import annotations
@@ -28,10 +32,8 @@ import logging
 import socket
 import threading
 import time
-from collections import OrderedDict
 from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, Callable, Hashable, Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -40,6 +42,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.retrieval.base import Passage
+from zsearch_cli.retrieval.cache import DEFAULT_CACHE_BYTES, LRUCache, result_bytes
 
 log = logging.getLogger("zsearch.server")
 
@@ -52,146 +55,66 @@ DEFAULT_MAX_BODY_BYTES = 16 << 20
 DEFAULT_MAX_RESULTS = 100_000
 """Most passages (queries x topk) one response may carry: ~70 MB of JSON for wiki-18
 passages, which bounds the memory one request can make us hold (2560 x 3 is 7680)."""
-DEFAULT_CACHE_BYTES = 512 << 20
-"""512 MiB of cached results (estimated; see :func:`result_bytes`)."""
-
-
-# ----------------------------------------------------------------------------- cache
-
-
-class LRUCache:
-    """A thread-safe least-recently-used map with hit/miss counters, bounded in entries
-    and in (estimated) bytes.
-
-    One lock guards everything; operations are a few dict moves, so contention is
-    negligible next to a search. ``capacity=0`` or ``max_bytes=0`` turns caching off.
-    An entry's size is ``sizeof(key, value)``; a single entry larger than the whole
-    byte budget is not stored at all (it would only evict everything else).
-    """
-
-    def __init__(self, capacity: int, max_bytes: int = DEFAULT_CACHE_BYTES,
-                 sizeof: Callable[[Hashable, Any], int] | None = None):
-        if capacity < 0:
-            raise ZsearchError(f"cache size must be >= 0, got {capacity}")
-        if max_bytes < 0:
-            raise ZsearchError(f"cache bytes must be >= 0, got {max_bytes}")
-        self.capacity = capacity
-        self.max_bytes = max_bytes
-        self._sizeof = sizeof or (lambda key, value: 0)
-        self._data: OrderedDict[Hashable, tuple[Any, int]] = OrderedDict()
-        self._lock = threading.Lock()
-        self.bytes = 0
-        self.hits = 0
-        self.misses = 0
-
-    def get_many(self, keys: Sequence[Hashable]) -> list[Any | None]:
-        """The cached value for each key, or None; hits become most recently used."""
-        out: list[Any | None] = []
-        with self._lock:
-            for key in keys:
-                entry = self._data.get(key)
-                if entry is None:
-                    self.misses += 1
-                    out.append(None)
-                else:
-                    self.hits += 1
-                    self._data.move_to_end(key)
-                    out.append(entry[0])
-        return out
-
-    def put_many(self, items: Sequence[tuple[Hashable, Any]]) -> None:
-        if self.capacity == 0 or self.max_bytes == 0:
-            return
-        sized = [(key, value, self._sizeof(key, value)) for key, value in items]
-        with self._lock:
-            for key, value, size in sized:
-                if size > self.max_bytes:
-                    continue
-                old = self._data.pop(key, None)
-                if old is not None:
-                    self.bytes -= old[1]
-                self._data[key] = (value, size)
-                self.bytes += size
-            while len(self._data) > self.capacity or self.bytes > self.max_bytes:
-                _, (_, size) = self._data.popitem(last=False)
-                self.bytes -= size
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def stats(self) -> dict[str, int]:
-        with self._lock:
-            return {"hits": self.hits, "misses": self.misses, "size": len(self._data), "capacity": self.capacity,
-                    "bytes": self.bytes, "max_bytes": self.max_bytes}
-
-
-def result_bytes(key: Hashable, hits: Sequence[Passage]) -> int:
-    """An estimate of the memory one cached result holds: its strings plus per-object
-    overhead (CPython: ~50 bytes per str, ~70 per Passage, ~60 per tuple/list)."""
-    query = key[0] if isinstance(key, tuple) and key and isinstance(key[0], str) else ""
-    size = 200 + len(query.encode("utf-8", "surrogatepass"))
-    for p in hits:
-        size += 220 + len(p.id) + len(p.title.encode("utf-8", "surrogatepass")) + len(p.text.encode("utf-8", "surrogatepass"))
-    return size
 
 
 # ----------------------------------------------------------------------------- service
 
 
 class RetrievalService:
-    """The index, the method it is searched with, and the cache in front of it.
+    """A source (:mod:`.sources`: an index, replicas, SerpAPI, the simulator) and the
+    cache in front of it.
 
     Kept apart from the HTTP layer so its batching and caching can be reasoned about
-    (and reused) without a web framework in the way.
+    (and reused) without a web framework in the way. ``index`` may be a source or a
+    loaded index (searched with ``method``).
     """
 
     def __init__(self, index: Any, method: str = "auto", cache_size: int = 100_000,
                  cache_bytes: int = DEFAULT_CACHE_BYTES):
-        methods = list(getattr(index, "methods", []))
-        if hasattr(index, "resolve_method"):  # checks the name; 'auto' becomes what it means here
-            method = index.resolve_method(method)
-        elif method != "auto" and method not in methods:
-            raise ZsearchError(f"index {index.name} has no method '{method}' (it has: {', '.join(methods)}, auto)")
-        self.index = index
-        self.method = method
-        self.cache = LRUCache(cache_size, cache_bytes, result_bytes)
+        from zsearch_cli.retrieval.sources import IndexSource
+
+        self.source = index if hasattr(index, "memory_cache") else IndexSource(index, method)
+        self.cache = LRUCache(cache_size if self.source.memory_cache else 0, cache_bytes, result_bytes)
         self.index_calls = 0
-        """How many batched ``index.search`` calls were made (one per request with misses)."""
+        """How many batched source calls were made (one per request with misses)."""
         self.searched = 0
-        """How many queries went to the index in those calls."""
+        """How many queries went to the source in those calls."""
         self._stats_lock = threading.Lock()
 
-    def search(self, queries: Sequence[str], topk: int) -> list[list[Passage]]:
-        """Top-``topk`` passages per query: cache hits as stored, all misses in one batch."""
-        keys = [(q, topk, self.index.name, self.method) for q in queries]
+    def search(self, queries: Sequence[str], topk: int,
+               fields: dict[str, Any] | None = None) -> tuple[list[list[Passage]], dict[str, Any] | None]:
+        """Top-``topk`` passages per query (cache hits as stored, all misses in one batch),
+        and any extra response fields the source adds."""
+        fields = fields or {}
+        if not self.source.memory_cache:
+            results, extra = self.source.search(queries, topk, fields)
+            self._count(len(queries))
+            return [list(r) for r in results], extra
+        tag = self.source.cache_tag
+        keys = [(q, topk, *tag) for q in queries]
         found = self.cache.get_many(keys)
         missing = list(dict.fromkeys(q for q, hit in zip(queries, found) if hit is None))
         fresh: dict[str, list[Passage]] = {}
         if missing:
-            results = self.index.search(missing, topk, method=self.method)
+            results, _ = self.source.search(missing, topk, fields)
             if len(results) != len(missing):
-                raise RuntimeError(f"index returned {len(results)} result lists for {len(missing)} queries")
+                raise RuntimeError(f"source returned {len(results)} result lists for {len(missing)} queries")
             fresh = dict(zip(missing, (list(r) for r in results)))
-            self.cache.put_many([((q, topk, self.index.name, self.method), fresh[q]) for q in missing])
-            with self._stats_lock:
-                self.index_calls += 1
-                self.searched += len(missing)
-        return [hit if hit is not None else fresh[q] for q, hit in zip(queries, found)]
+            self.cache.put_many([((q, topk, *tag), fresh[q]) for q in missing])
+            self._count(len(missing))
+        return [hit if hit is not None else fresh[q] for q, hit in zip(queries, found)], None
+
+    def _count(self, searched: int) -> None:
+        with self._stats_lock:
+            self.index_calls += 1
+            self.searched += searched
 
     def health(self) -> dict[str, Any]:
-        from zsearch_cli.retrieval.settings import index_settings
+        import os
 
-        manifest = getattr(self.index, "manifest", None)
-        return {
-            "status": "ok",
-            "index": self.index.name,
-            "n_docs": len(self.index),
-            "methods": list(getattr(self.index, "methods", [])),
-            "method": self.method,
-            # what an eval's protocol records for a remote retriever (protocol._served_corpus)
-            "settings": index_settings(manifest, self.method) if isinstance(manifest, dict) else None,
-            "cache": {**self.cache.stats(), "index_calls": self.index_calls, "searched": self.searched},
-        }
+        # per process: with --workers N, each worker reports its own cache (worker_pid says whose)
+        cache = {**self.cache.stats(), "index_calls": self.index_calls, "searched": self.searched}
+        return {"status": "ok", **self.source.health(), "cache": cache, "worker_pid": os.getpid()}
 
 
 # ----------------------------------------------------------------------------- request parsing
@@ -206,13 +129,8 @@ class RequestError(Exception):
         self.message = message
 
 
-def parse_request(body: bytes, max_queries: int, max_topk: int,
-                  max_results: int = DEFAULT_MAX_RESULTS) -> tuple[list[str], int, bool]:
-    """``(queries, topk, return_scores)`` from a /retrieve body, or a :class:`RequestError`.
-
-    Defaults follow Search-R1's ``QueryRequest``: ``topk`` 3, ``return_scores`` false.
-    Unknown keys are ignored so newer clients keep working.
-    """
+def parse_object(body: bytes) -> dict[str, Any]:
+    """A request body's JSON object, or a :class:`RequestError`."""
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as err:
@@ -221,6 +139,18 @@ def parse_request(body: bytes, max_queries: int, max_topk: int,
         raise RequestError(400, "body is not valid JSON (nested too deeply)") from None
     if not isinstance(data, dict):
         raise RequestError(400, f"body must be a JSON object, got {type(data).__name__}")
+    return data
+
+
+def parse_request(body: bytes, max_queries: int, max_topk: int,
+                  max_results: int = DEFAULT_MAX_RESULTS) -> tuple[list[str], int, bool, dict[str, Any]]:
+    """``(queries, topk, return_scores, fields)`` from a /retrieve body, or a
+    :class:`RequestError`; ``fields`` is the whole object (the simulator reads more of it).
+
+    Defaults follow Search-R1's ``QueryRequest``: ``topk`` 3, ``return_scores`` false.
+    Unknown keys are ignored so newer clients keep working.
+    """
+    data = parse_object(body)
     queries = data.get("queries")
     if not isinstance(queries, list) or not queries:
         raise RequestError(400, "'queries' must be a non-empty list of strings")
@@ -242,18 +172,20 @@ def parse_request(body: bytes, max_queries: int, max_topk: int,
     return_scores = data.get("return_scores", False)
     if not isinstance(return_scores, bool):
         raise RequestError(400, f"'return_scores' must be true or false, got {type(return_scores).__name__}")
-    return queries, topk, return_scores
+    return queries, topk, return_scores, data
 
 
-def render(results: list[list[Passage]], return_scores: bool) -> dict[str, Any]:
-    """Search-R1's response body for ``results``."""
+def render(results: list[list[Passage]], return_scores: bool, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Search-R1's response body for ``results`` (plus a source's ``extra`` top-level fields,
+    which Search-R1's clients ignore: they read ``result`` only)."""
+    extra = extra or {}
     if return_scores:
-        return {"result": [
+        return {**extra, "result": [
             [{"document": {"id": p.id, "contents": p.contents}, "score": None if p.score is None else float(p.score)}
              for p in hits]
             for hits in results
         ]}
-    return {"result": [[{"id": p.id, "contents": p.contents} for p in hits] for hits in results]}
+    return {**extra, "result": [[{"id": p.id, "contents": p.contents} for p in hits] for hits in results]}
 
 
 def dumps(obj: Any) -> bytes:
@@ -262,6 +194,15 @@ def dumps(obj: Any) -> bytes:
 
 
 # ----------------------------------------------------------------------------- app
+
+
+def is_upstream_failure(err: ZsearchError) -> bool:
+    """Sources raise RetrievalUnavailable when what they ask (replicas, SerpAPI, a simulator
+    server) failed after its retries."""
+    from zsearch_cli.retrieval.client import RetrievalUnavailable
+
+    return isinstance(err, RetrievalUnavailable)
+
 
 
 def create_app(
@@ -274,7 +215,9 @@ def create_app(
     cache_bytes: int = DEFAULT_CACHE_BYTES,
     max_results: int = DEFAULT_MAX_RESULTS,
 ) -> FastAPI:
-    """A FastAPI app serving ``index`` (a loaded ``SearchIndex``) at /retrieve and /health.
+    """A FastAPI app serving ``index`` (a loaded ``SearchIndex``, or a source from
+    :mod:`.sources`) at /retrieve and /health, and at /progress when the source has a
+    curriculum (the simulator).
 
     The service is reachable as ``app.state.service`` (its cache stats are in /health too).
     """
@@ -308,20 +251,38 @@ def create_app(
     async def retrieve(request: Request) -> Response:
         try:
             body = await read_body(request)
-            queries, topk, return_scores = parse_request(body, max_queries, max_topk, max_results)
-            results = await run_in_threadpool(service.search, queries, topk)
-            return json_response(render(results, return_scores))
+            queries, topk, return_scores, fields = parse_request(body, max_queries, max_topk, max_results)
+            results, extra = await run_in_threadpool(service.search, queries, topk, fields)
+            return json_response(render(results, return_scores, extra))
         except RequestError as err:
             return json_response({"error": err.message}, err.status)
         except ZsearchError as err:
-            return json_response({"error": str(err)}, 400)
+            # the source's upstream (replicas, SerpAPI, a simulator server) failed: 502, which
+            # clients retry; anything else is about this request: 400
+            return json_response({"error": str(err)}, 502 if is_upstream_failure(err) else 400)
         except Exception as err:  # the client gets one line; the traceback goes to our log
             log.exception("search failed")
             return json_response({"error": f"internal error: {type(err).__name__}: {err}"}, 500)
 
     @app.get("/health")
     async def health() -> Response:
-        return json_response(service.health())
+        # in the threadpool: a proxy's health asks its replicas over the network
+        return json_response(await run_in_threadpool(service.health))
+
+    @app.post("/progress")
+    async def progress(request: Request) -> Response:
+        """An outside trainer advances the simulator's curriculum: ``{"step": t, "total_steps": T}``."""
+        try:
+            if not hasattr(service.source, "progress"):
+                raise RequestError(404, f"{service.source.name} has no noise curriculum (only --search sim:… has)")
+            data = parse_object(await read_body(request))
+            step, total = data.get("step"), data.get("total_steps", 0)
+            for name, value in (("step", step), ("total_steps", total)):
+                if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                    raise RequestError(400, f"'{name}' must be an integer >= 0, got {value!r}")
+            return json_response(service.source.progress(step, total))
+        except RequestError as err:
+            return json_response({"error": err.message}, err.status)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -365,42 +326,6 @@ def bind_socket(host: str, port: int) -> socket.socket:
         raise ZsearchError(f"cannot listen on {host}:{port} ({err.strerror or err})") from None
     sock.setblocking(False)
     return sock
-
-
-def run_server(
-    index_dir: Path,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    method: str = "auto",
-    max_queries: int = DEFAULT_MAX_QUERIES,
-    max_topk: int = 100,
-    cache_size: int = 100_000,
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-    cache_bytes: int = DEFAULT_CACHE_BYTES,
-) -> None:
-    """Load ``index_dir``, print where we listen, and serve until SIGINT/SIGTERM.
-
-    A signal shuts down gracefully (in-flight requests finish) and returns normally, so
-    ``zsearch serve`` exits 0 when stopped.
-    """
-    from rich.console import Console
-
-    from zsearch_cli.retrieval.index import load_index
-
-    err = Console(stderr=True)
-    index = load_index(Path(index_dir))
-    app = create_app(index, method=method, max_queries=max_queries, max_topk=max_topk,
-                     cache_size=cache_size, max_body_bytes=max_body_bytes, cache_bytes=cache_bytes)
-    if not is_loopback(host):
-        err.print(f"[bold yellow]warning:[/] listening on {host}, not loopback: the server has no "
-                  "authentication, anyone who can reach this port can query the index", highlight=False)
-    sock = bind_socket(host, port)
-    bound_port = sock.getsockname()[1]
-    shown = f"[{host}]" if ":" in host else host
-    methods = ", ".join(getattr(index, "methods", []))
-    print(f"serving index {index.name} ({len(index)} passages; methods: {methods}; method: {method}) "
-          f"on http://{shown}:{bound_port}  (POST /retrieve, GET /health; Ctrl+C stops)", flush=True)
-    serve_until_stopped(app, sock)
 
 
 def serve_until_stopped(app: Any, sock: Any) -> None:

@@ -1,46 +1,43 @@
 """``build_engine``: the one place a rollout engine is put together from a command's options.
 
-Every stage that rolls out (train, validation, eval, collect, propose, solve, warm-up data)
-needs the same four things: a generation backend, a search backend, an action protocol, and
-a :class:`~zsearch_cli.rollout.engine.RolloutConfig` with the run's limits. The options
-objects all carry the fields of ``options.RolloutOptions``, so the config is their
-projection, never a hand copy.
+Every stage that rolls out (train, validation, eval, collect, propose, solve, warm-up data,
+agent serve) needs the same four things: a generation backend, a search backend, an action
+protocol, and the command's ``rollout`` part (``config.parts.RolloutOptions``), which the
+engine takes as it is: an option added to the part reaches every one of them.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
-from zsearch_cli.config.fields import project
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.rollout.engine import RolloutConfig, RolloutEngine
+from zsearch_cli.rollout.engine import RolloutEngine
 
 MAKE: Any = object()
-"""``search=MAKE`` (the default): make the backend that ``opts.search`` names."""
+"""``search=MAKE`` (the default): make the backend that ``opts.retrieval.search`` names."""
 
 
-def rollout_config(opts: Any, **overrides: Any) -> RolloutConfig:
-    """The engine's config: the rollout fields ``opts`` has, ``overrides`` on top, and the
-    engine's defaults for the rest."""
-    return project(opts, RolloutConfig, **overrides)
-
-
-def make_search(opts: Any, **options: Any) -> Any:
-    """The search backend ``opts.search`` names, over ``opts.index`` (default runs/index)."""
+def make_search(opts: Any, spec: str | None = None, **options: Any) -> Any:
+    """The search backend ``spec`` (default ``opts.retrieval.search``) names, over
+    ``opts.retrieval.index`` (default runs/index)."""
     from zsearch_cli.search.factory import make_search_backend
 
-    return make_search_backend(opts.search, index_dir=getattr(opts, "index", None) or Path("runs/index"), **options)
+    return make_search_backend(spec or opts.retrieval.search, index_dir=opts.retrieval.index or Path("runs/index"),
+                               **options)
 
 
 def build_engine(opts: Any, *, backend: Any = None, search: Any = MAKE, protocol: str | None = None,
-                 **overrides: Any) -> RolloutEngine:
-    """A rollout engine for ``opts``: ``backend`` (default: load ``opts.model`` with its
+                 seed: int | None = None, **rollout_changes: Any) -> RolloutEngine:
+    """A rollout engine for ``opts``: ``backend`` (default: load ``opts.policy.model`` with its
     backend and device), ``search`` (default: :func:`make_search`; None: no search),
-    ``protocol`` (default ``opts.protocol``) and the rollout config with ``overrides``."""
+    ``protocol`` (default ``opts.rollout.protocol``), ``seed`` (default ``opts.seed``) and
+    ``opts.rollout`` with ``rollout_changes`` (validation's greedy decoding, eval's one-turn
+    baselines)."""
     from zsearch_cli.rollout.protocols import PROTOCOLS
 
-    name = protocol or opts.protocol
+    name = protocol or opts.rollout.protocol
     if name not in PROTOCOLS:
         raise ZsearchError(f"unknown --protocol {name!r}: use one of {', '.join(PROTOCOLS)}")
     if search is MAKE:
@@ -48,5 +45,6 @@ def build_engine(opts: Any, *, backend: Any = None, search: Any = MAKE, protocol
     if backend is None:
         from zsearch_cli.models.factory import load_backend
 
-        backend = load_backend(opts.model, backend=opts.backend, device=opts.device)
-    return RolloutEngine(backend, PROTOCOLS[name](), search, rollout_config(opts, **overrides))
+        backend = load_backend(opts.policy.model, backend=opts.policy.backend, device=opts.policy.device)
+    rollout = dataclasses.replace(opts.rollout, **rollout_changes) if rollout_changes else opts.rollout
+    return RolloutEngine(backend, PROTOCOLS[name](), search, rollout, seed=opts.seed if seed is None else seed)

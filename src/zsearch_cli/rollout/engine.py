@@ -11,107 +11,25 @@ One loop serves every protocol: the protocol parses an action and renders an
 observation, the engine does the rest (batching, limits, search calls, bookkeeping).
 Two schedulers drive the same per-sample steps (:meth:`RolloutEngine.record_turns` and
 :meth:`RolloutEngine.observe`): ``sync`` (here: a turn barrier) and ``async``
-(``async_engine.py``: no barrier); per-sample seeds make them sample alike.
+(``async_engine.py``: no barrier); per-sample seeds make them sample alike. The state they
+share (the sample record, the finisher, the search side trips) is in ``state.py``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from zsearch_cli.config.fields import uses
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.models.base import GenerationBackend, SamplingParams, mix_seed
+from zsearch_cli.models.base import GenerationBackend, SamplingParams
 from zsearch_cli.config.parts import RolloutOptions
 from zsearch_cli.retrieval.base import Passage
+from zsearch_cli.rollout.state import Finisher, QARow, RowFinisher, SampleState, sample_seed
 from zsearch_cli.rollout.trajectory import Trajectory
 from zsearch_cli.search.base import SearchBackend, SearchBackendError, SearchRequest, SearchResult, search_grouped
 
 
 ROLLOUT_MODES = ("sync", "async")
-
-
-@dataclass
-@uses(RolloutOptions, "max_turns", "max_turn_tokens", "max_obs_tokens", "max_context_tokens", "topk", "temperature",
-      "top_p", "rollout_mode", "search_concurrency")
-class RolloutConfig:
-    """Limits and sampling for one rollout batch (defaults: Search-R1). The limits are declared
-    once, in ``options.RolloutOptions``: ordinary turns (then one final turn in which no search
-    runs), new tokens per turn, the observation cap (whole passages are cut so the closing tag
-    survives) and the prompt + response budget (the prompt is never dropped: observations
-    shrink to fit, and a sample that runs out ends with finish 'context')."""
-
-    seed: int = 0
-    """Every turn's sampling seed derives from this, the step, the sample and the turn index."""
-    chat_template: bool = True
-    """Wrap the prompt in the tokenizer's chat template when it has one."""
-
-
-@dataclass
-class QARow:
-    id: str
-    question: str
-    golden_answers: list[str]
-    prompt: str | None = None
-    """A ready user message (eval's direct/cot/rag baselines); None uses the protocol's template."""
-
-
-@dataclass
-class _Sample:
-    row: QARow
-    sample_index: int
-    group_id: str
-    prompt_ids: list[int]
-    seed_key: str = ""
-    """The row's part of the sample's identity in its sampling seeds (see :func:`sample_seed`)."""
-    step: int = 0
-    """The rollout step its seeds and group id name."""
-    version: int = 0
-    """The policy version generating its next turn (see :attr:`RolloutEngine.policy_version`)."""
-    response_ids: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    turns: list[dict[str, Any]] = field(default_factory=list)
-    searches: int = 0
-    invalid: int = 0
-    prediction: str | None = None
-    finish: str | None = None
-
-    def extend(self, ids: Sequence[int], logprobs: Sequence[float] | None) -> None:
-        self.response_ids.extend(ids)
-        if logprobs is None:  # template/observation tokens: not sampled, not trained on
-            self.loss_mask.extend([0] * len(ids))
-            self.logprobs.extend([0.0] * len(ids))
-            self.versions.extend([-1] * len(ids))
-        else:
-            self.loss_mask.extend([1] * len(ids))
-            self.logprobs.extend(logprobs)
-            self.versions.extend([self.version] * len(ids))
-
-    @property
-    def length(self) -> int:
-        return len(self.prompt_ids) + len(self.response_ids)
-
-
-def sample_seed(seed: int, step: int, row_key: str, sample_index: int, turn: int) -> int:
-    """The sampling seed of one turn of one sample: it names the sample (run seed, step, row,
-    sample index) and the turn, so it is the same whichever batch the turn is generated in."""
-    return mix_seed(seed, step, row_key, sample_index, turn)
-
-
-class _Finisher:
-    """Ends samples and reports each row once all of its ``group_size`` samples have ended."""
-
-    def __init__(self, rows: Sequence[QARow], group_size: int, on_row_done: Callable[[int], None] | None):
-        self.rows_left = {row.id: group_size for row in rows}
-        self.on_row_done = on_row_done
-
-    def finish(self, s: _Sample, reason: str) -> None:
-        s.finish = reason
-        self.rows_left[s.row.id] -= 1
-        if self.rows_left[s.row.id] == 0 and self.on_row_done is not None:
-            self.on_row_done(1)
 
 
 class RolloutEngine:
@@ -120,13 +38,25 @@ class RolloutEngine:
         backend: GenerationBackend,
         protocol: Any,
         search: SearchBackend | None,
-        config: RolloutConfig | None = None,
+        config: RolloutOptions | None = None,
+        *,
+        seed: int = 0,
+        chat_template: bool = True,
     ):
+        """``config``: the rollout part of the command's options, as it is (defaults: Search-R1's
+        limits): ordinary turns (then one final turn in which no search runs), new tokens per
+        turn, the observation cap (whole passages are cut so the closing tag survives) and the
+        prompt + response budget (the prompt is never dropped: observations shrink to fit, and a
+        sample that runs out ends with finish 'context'). ``seed``: every turn's sampling seed
+        derives from it, the step, the sample and the turn index. ``chat_template``: wrap the
+        prompt in the tokenizer's chat template when it has one."""
         self.backend = backend
         self.tokenizer = backend.tokenizer
         self.protocol = protocol
         self.search = search
-        self.config = config or RolloutConfig()
+        self.config = config or RolloutOptions()
+        self.seed = seed
+        self.chat_template = chat_template
         if self.config.rollout_mode not in ROLLOUT_MODES:
             raise ZsearchError(f"unknown --rollout-mode {self.config.rollout_mode!r}: use one of {', '.join(ROLLOUT_MODES)}")
         self._rust = getattr(self.tokenizer, "backend_tokenizer", None)
@@ -140,7 +70,7 @@ class RolloutEngine:
         from zsearch_cli.models.loading import apply_chat
 
         text = row.prompt if row.prompt is not None else self.protocol.build_prompt(row.question)
-        if self.config.chat_template:
+        if self.chat_template:
             return list(apply_chat(self.tokenizer, text, system=self.protocol.system_prompt))
         return self._encode(text)
 
@@ -205,8 +135,8 @@ class RolloutEngine:
         sample, ordered row-major. ``config.rollout_mode`` picks the scheduler: ``sync``
         (below: one turn of every sample, then that turn's searches) or ``async``
         (:mod:`zsearch_cli.rollout.async_engine`); both give the same trajectories."""
-        samples = self._samples(rows, group_size, step)
-        done = _Finisher(rows, group_size, on_row_done)
+        samples = self.new_samples(rows, group_size, step)
+        done = RowFinisher(rows, group_size, on_row_done)
         if self.config.rollout_mode == "async":
             from zsearch_cli.rollout.async_engine import rollout_async
 
@@ -220,11 +150,13 @@ class RolloutEngine:
                 if pending:
                     results = self._search_all(pending, samples, step)
                     self.observe(list(zip([s for s, _ in pending], results)), done)
-        return self._trajectories(samples)
+        return self.trajectories(samples)
 
-    def _samples(self, rows: Sequence[QARow], group_size: int, step: int) -> list[_Sample]:
+    def new_samples(self, rows: Sequence[QARow], group_size: int, step: int) -> list[SampleState]:
+        """``group_size`` fresh samples per row of rollout step ``step``, row-major, each with
+        its encoded prompt, group id and seed key."""
         cfg = self.config
-        samples: list[_Sample] = []
+        samples: list[SampleState] = []
         seen: dict[str, int] = {}
         for row in rows:
             prompt = self.encode_prompt(row)
@@ -237,11 +169,11 @@ class RolloutEngine:
             # A repeated row id gets its own streams, as it would at another batch position.
             seen[row.id] = seen.get(row.id, -1) + 1
             key = row.id if seen[row.id] == 0 else f"{row.id}~{seen[row.id]}"
-            samples += [_Sample(row, g, group_id, prompt, seed_key=key, step=step, version=self.policy_version)
+            samples += [SampleState(row, g, group_id, prompt, seed_key=key, step=step, version=self.policy_version)
                         for g in range(group_size)]
         return samples
 
-    def turn_params(self, batch: Sequence[_Sample]) -> SamplingParams:
+    def turn_params(self, batch: Sequence[SampleState]) -> SamplingParams:
         """How to sample the next turn of each sample of ``batch``."""
         cfg = self.config
         # Each sample's seed names the sample and its turn, never its place in the batch, so
@@ -250,35 +182,36 @@ class RolloutEngine:
             max_new_tokens=cfg.max_turn_tokens,
             temperature=cfg.temperature,
             top_p=cfg.top_p,
-            seeds=tuple(sample_seed(cfg.seed, s.step, s.seed_key, s.sample_index, len(s.turns)) for s in batch),
+            seeds=tuple(sample_seed(self.seed, s.step, s.seed_key, s.sample_index, len(s.turns)) for s in batch),
         )
 
     @staticmethod
-    def contexts(batch: Sequence[_Sample]) -> list[list[int]]:
+    def contexts(batch: Sequence[SampleState]) -> list[list[int]]:
         """What the policy continues: the prompt and the response so far, as ids."""
         return [s.prompt_ids + s.response_ids for s in batch]
 
-    def generate_turn(self, batch: Sequence[_Sample], done: "_Finisher") -> list[tuple[_Sample, Any]]:
+    def generate_turn(self, batch: Sequence[SampleState], done: Finisher) -> list[tuple[SampleState, Any]]:
         """Generate the next turn of every sample in ``batch`` (one backend call) and record it;
         returns the ``(sample, action)`` pairs whose search should run now."""
         outs = self.backend.generate(self.contexts(batch), self.turn_params(batch),
                                      stop=self.protocol.stop_strings)
         return self.record_turns(batch, outs, done)
 
-    def record_turns(self, batch: Sequence[_Sample], outs: Sequence[Any], done: "_Finisher") -> list[tuple[_Sample, Any]]:
+    def record_turns(self, batch: Sequence[SampleState], outs: Sequence[Any],
+                     done: Finisher) -> list[tuple[SampleState, Any]]:
         """Record one generated turn per sample (``outs[i]`` continues ``batch[i]``); returns the
         ``(sample, action)`` pairs whose search should run now."""
         cfg = self.config
         clipped = [list(o.token_ids)[: max(0, cfg.max_context_tokens - s.length)] for s, o in zip(batch, outs)]
         texts = self._decode_many(clipped)  # to parse the action only; the ids are kept as sampled
-        pending: list[tuple[_Sample, Any]] = []
+        pending: list[tuple[SampleState, Any]] = []
         for s, out, ids, text in zip(batch, outs, clipped, texts):
             action = self._record_turn(s, out, ids, text, done)
             if action is not None:
                 pending.append((s, action))
         return pending
 
-    def _record_turn(self, s: _Sample, out: Any, ids: list[int], text: str, done: "_Finisher") -> Any:
+    def _record_turn(self, s: SampleState, out: Any, ids: list[int], text: str, done: Finisher) -> Any:
         """Append one generated turn to ``s`` and decide what follows: the episode ends, an
         invalid-action message is inserted, or (returned) the action whose search must run."""
         cfg = self.config
@@ -317,7 +250,7 @@ class RolloutEngine:
         return None
 
     @staticmethod
-    def search_requests(s: _Sample, action: Any) -> list[SearchRequest]:
+    def search_requests(s: SampleState, action: Any) -> list[SearchRequest]:
         """One request per query of ``action``, each carrying the row that issued it."""
         return [SearchRequest(q, s.row.id, s.row.question, tuple(s.row.golden_answers), s.sample_index)
                 for q in action.queries]
@@ -329,12 +262,12 @@ class RolloutEngine:
         except ZsearchError as err:
             raise self.search_failed(err, samples, step) from None
 
-    def search_failed(self, err: ZsearchError, samples: Sequence[_Sample], step: int) -> SearchBackendError:
+    def search_failed(self, err: ZsearchError, samples: Sequence[SampleState], step: int) -> SearchBackendError:
         """The error to raise when the backend fails: it carries the trajectories already finished."""
-        done = self._trajectories([s for s in samples if s.finish is not None])
+        done = self.trajectories([s for s in samples if s.finish is not None])
         return SearchBackendError(f"search backend failed at step {step}: {err}", completed=done)
 
-    def observe(self, found: Sequence[tuple[_Sample, list[SearchResult]]], done: "_Finisher") -> None:
+    def observe(self, found: Sequence[tuple[SampleState, list[SearchResult]]], done: Finisher) -> None:
         """Insert each sample's observation (its search results, rendered within budget)."""
         # Render every observation and tokenize them in one batched call; only the few that
         # exceed their budget go through the passage-dropping loop.
@@ -360,12 +293,13 @@ class RolloutEngine:
                 continue
             s.extend(obs, None)
 
-    def _trajectories(self, samples: Sequence[_Sample]) -> list[Trajectory]:
+    def trajectories(self, samples: Sequence[SampleState]) -> list[Trajectory]:
+        """The samples as trajectories (their response text decoded in one batch)."""
         texts = self._decode_many([s.response_ids for s in samples])
         return [self._trajectory(s, text) for s, text in zip(samples, texts)]
 
     @staticmethod
-    def _trajectory(s: _Sample, response_text: str) -> Trajectory:
+    def _trajectory(s: SampleState, response_text: str) -> Trajectory:
         return Trajectory(
             id=f"{s.row.id}#{s.sample_index}",
             row_id=s.row.id,

@@ -28,15 +28,13 @@ import queue
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.models.base import streams
-from zsearch_cli.rollout.async_engine import _check_separate_models, _Searches, stream_step
+from zsearch_cli.rollout.engine import RolloutEngine
+from zsearch_cli.rollout.state import QARow, SampleState, Searches, check_separate_models, stream_step
 from zsearch_cli.rollout.trajectory import Trajectory
-
-if TYPE_CHECKING:
-    from zsearch_cli.rollout.engine import QARow, RolloutEngine, _Sample
 
 POLL_S = 0.005
 """How long the loop waits on a search before it looks at its inbox again (a put, an update)."""
@@ -44,21 +42,21 @@ POLL_S = 0.005
 
 @dataclass
 class _StepWork:
-    rows: Sequence["QARow"]
+    rows: Sequence[QARow]
     step: int
     min_version: int
-    samples: list["_Sample"] = field(default_factory=list)
+    samples: list[SampleState] = field(default_factory=list)
     left: int = 0
     """Samples not ended yet."""
 
 
 class _StepFinisher:
-    """Ends samples (the engine's ``done.finish``) and counts what is left of each step."""
+    """Ends samples (a :class:`~zsearch_cli.rollout.state.Finisher`) and counts what is left of each step."""
 
     def __init__(self) -> None:
         self.works: dict[int, _StepWork] = {}
 
-    def finish(self, s: "_Sample", reason: str) -> None:
+    def finish(self, s: SampleState, reason: str) -> None:
         s.finish = reason
         self.works[s.step].left -= 1
 
@@ -67,8 +65,8 @@ class RolloutStream:
     """Rollouts of consecutive steps on one background thread (module docstring). Use as a
     context manager, or call :meth:`close`."""
 
-    def __init__(self, engine: "RolloutEngine", group_size: int):
-        _check_separate_models(engine)
+    def __init__(self, engine: RolloutEngine, group_size: int):
+        check_separate_models(engine)
         self.engine, self.group_size = engine, group_size
         self._cond = threading.Condition()
         self._inbox: deque[_StepWork] = deque()  # put, not started
@@ -83,7 +81,7 @@ class RolloutStream:
 
     # ------------------------------------------------------------------ the trainer's side
 
-    def put(self, rows: Sequence["QARow"], step: int, *, min_version: int = 0) -> None:
+    def put(self, rows: Sequence[QARow], step: int, *, min_version: int = 0) -> None:
         """Queue the rows of rollout step ``step`` (its seeds and group ids, as in
         ``RolloutEngine.rollout``); they start once the version is >= ``min_version``."""
         with self._cond:
@@ -150,7 +148,7 @@ class RolloutStream:
         the next step's samples can fill."""
         while self._inbox and self._inbox[0].min_version <= self.version:
             work = self._inbox.popleft()
-            work.samples = self.engine._samples(work.rows, self.group_size, work.step)
+            work.samples = self.engine.new_samples(work.rows, self.group_size, work.step)
             work.left = len(work.samples)
             finisher.works[work.step] = work
             self._open.append(work)
@@ -161,7 +159,7 @@ class RolloutStream:
         while self._open and self._open[0].left == 0:
             work = self._open.popleft()
             del finisher.works[work.step]
-            self._out.put(self.engine._trajectories(work.samples))
+            self._out.put(self.engine.trajectories(work.samples))
 
     def _search_failed(self, err: ZsearchError) -> Exception:
         work = self._open[0]
@@ -173,9 +171,9 @@ class RolloutStream:
         streaming = streams(backend)
         capacity = getattr(backend, "max_batch_size", None)
         finisher = _StepFinisher()
-        ready: deque[_Sample] = deque()
-        running: dict[str, _Sample] = {}
-        searches = _Searches(engine, finisher, ready, self._search_failed)
+        ready: deque[SampleState] = deque()
+        running: dict[str, SampleState] = {}
+        searches = Searches(engine, finisher, ready, self._search_failed)
         try:
             while True:
                 with self._cond:

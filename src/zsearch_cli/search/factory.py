@@ -16,8 +16,9 @@ def is_simulated(spec: str) -> bool:
 
 
 def make_search_backend(spec: str, index_dir: str | Path | None = None, **kwargs):
-    """``bm25|dense|hybrid|auto`` (in-process index at ``index_dir``), ``http://host:port``,
-    ``serpapi``, or the ZeroSearch simulator: ``sim:MODEL_OR_PATH`` (in-process) or
+    """``bm25|dense|hybrid|auto`` (in-process index at ``index_dir``), ``http://host:port``
+    (or replicas: ``http://a:8000,http://b:8000``), ``serpapi[?engine=…&base_url=…&cache=FILE]``,
+    or the ZeroSearch simulator: ``sim:MODEL_OR_PATH`` (in-process) or
     ``sim+http://host:port/v1`` (an OpenAI-compatible server), either optionally followed by
     ``?option=value&…`` (see :class:`zsearch_cli.search.simulated.SimConfig`)."""
     spec = spec.strip()
@@ -35,9 +36,27 @@ def make_search_backend(spec: str, index_dir: str | Path | None = None, **kwargs
         from zsearch_cli.search.http import HTTPSearch
 
         return HTTPSearch(spec, **kwargs)
-    if spec == "serpapi":
+    if spec == "serpapi" or spec.startswith("serpapi?"):
         from zsearch_cli.search.web import SerpAPISearch
 
-        return SerpAPISearch(**kwargs)
+        return SerpAPISearch(**{**serpapi_options(spec), **kwargs})
     raise ZsearchError(f"unknown --search {spec!r}: use bm25, dense, hybrid, http://host:port, serpapi, "
                        "sim:MODEL or sim+http://host:port/v1")
+
+
+SERPAPI_OPTIONS = ("engine", "base_url", "cache")
+
+
+def serpapi_options(spec: str) -> dict[str, str]:
+    """The ``?name=value&…`` options of a ``serpapi`` spec (engine, base_url, cache)."""
+    _, _, query = spec.partition("?")
+    options: dict[str, str] = {}
+    for part in filter(None, query.split("&")):
+        name, eq, value = part.partition("=")
+        name = name.strip().replace("-", "_")
+        if not eq or name not in SERPAPI_OPTIONS:
+            # the spec is not echoed: it could hold a key someone put there by mistake
+            raise ZsearchError(f"--search serpapi: option {name!r} is not one of {', '.join(SERPAPI_OPTIONS)} "
+                               "(written serpapi?name=value&…; the key comes from SERPAPI_API_KEY)")
+        options[name] = value.strip()
+    return options

@@ -7,12 +7,18 @@ SerpAPI takes the key as a query parameter, so it is in every request URL, and `
 puts that URL into its exception messages. Every message that leaves this module goes
 through :func:`zsearch_cli.errors.redact` with the key itself as an extra secret. Each
 request has a total deadline (``timeout``) and bounded retries.
+
+With ``cache`` (a file path), answers are kept on disk keyed by (query, k, engine)
+(:mod:`zsearch_cli.search.serpapi_cache`): an identical request is answered from the file
+and makes no network call. ``base_url`` points at another SerpAPI-compatible endpoint
+(a proxy, or a local fake in tests).
 """
 
 from __future__ import annotations
 
 import os
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Sequence
 
 from zsearch_cli import net
@@ -34,6 +40,7 @@ class SerpAPISearch(SearchBackend):
         backoff: float = 1.0,
         concurrency: int = 8,
         engine: str = "google",
+        cache: str | Path | None = None,
     ):
         self.api_key = api_key or os.environ.get("SERPAPI_API_KEY")
         if not self.api_key:
@@ -42,11 +49,30 @@ class SerpAPISearch(SearchBackend):
         self.concurrency, self.engine = concurrency, engine
         self.session = net.session()
         self.name = f"serpapi:{engine}"
+        self.cache = None
+        if cache:
+            from zsearch_cli.search.serpapi_cache import SerpAPICache
+
+            self.cache = SerpAPICache(cache)
+
+    def cache_stats(self) -> dict[str, object] | None:
+        """The disk cache's entries, hits, misses and hit rate (None without a cache)."""
+        return None if self.cache is None else self.cache.stats()
 
     def _redact(self, text: str) -> str:
         return redact(str(text).replace(self.api_key, "***"))
 
     def _one(self, query: str, topk: int) -> list[Passage]:
+        if self.cache is not None:
+            hit = self.cache.get(query, topk, self.engine)
+            if hit is not None:
+                return hit
+        passages = self._fetch(query, topk)
+        if self.cache is not None:
+            self.cache.put(query, topk, self.engine, passages)
+        return passages
+
+    def _fetch(self, query: str, topk: int) -> list[Passage]:
         def call() -> list[Passage]:
             try:
                 resp = net.request(self.session, "GET", self.base_url, deadline=self.timeout,

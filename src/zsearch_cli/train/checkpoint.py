@@ -317,7 +317,7 @@ def _write(ts: TrainingState, parts: dict[str, Any], completed: int, tmp: Path) 
     from zsearch_cli.train.policy import save_policy
 
     acc = ts.accelerator
-    save_policy(acc.unwrap_model(ts.policy), ts.tokenizer, tmp, ts.cfg.model, parts["policy"])
+    save_policy(acc.unwrap_model(ts.policy), ts.tokenizer, tmp, ts.cfg.policy.model, parts["policy"])
     torch.save(parts["optimizer"], tmp / "optimizer.pt")
     torch.save(ts.scheduler.state_dict(), tmp / "scheduler.pt")
     if ts.critic is not None:
@@ -350,7 +350,7 @@ def save_checkpoint(ts: TrainingState, completed: int, protect: Collection[int] 
     ``protect``). Call it on every process: all gather, the main process writes, all return
     once it exists."""
     acc = ts.accelerator
-    out = Path(ts.cfg.out)
+    out = Path(ts.cfg.run.out)
     root = out / "checkpoints"
     path = root / f"step-{completed}"
     parts = _gather(ts)
@@ -360,7 +360,7 @@ def save_checkpoint(ts: TrainingState, completed: int, protect: Collection[int] 
         atomic_dir(path, lambda tmp: _write(ts, parts, completed, tmp))
         healthy = healthy_checkpoints(out)
         spared = set(protect) | ({n for n, _ in healthy[-keep_healthy:]} if keep_healthy > 0 else set())
-        for n, old in checkpoints(out)[: -ts.cfg.keep_checkpoints]:
+        for n, old in checkpoints(out)[: -ts.cfg.run.keep_checkpoints]:
             if n not in spared:
                 shutil.rmtree(old, ignore_errors=True)
     acc.wait_for_everyone()  # no process goes on (or reads the folder) before it is complete

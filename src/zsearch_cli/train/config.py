@@ -15,11 +15,11 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from zsearch_cli.config.ranges import ANY, AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, Range
-
-from zsearch_cli.config.fields import Record, option, uses
+from zsearch_cli.config.fields import Record, check_option_ranges, option, part
+from zsearch_cli.config.parts import (ModelOptions, OptimConfig, RolloutOptions, RunConfig, SearchConfig, Seeded, SimOptions,
+                                      ValidationConfig)
+from zsearch_cli.config.ranges import ANY, AT_LEAST_0, AT_LEAST_1, POSITIVE, Range
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.config.parts import ModelOptions, OptimConfig, RolloutOptions, RunConfig, SearchConfig, Seeded, ValidationConfig
 from zsearch_cli.presets import apply_preset
 
 REWARDS = ("em", "f1", "subem")
@@ -41,16 +41,19 @@ def parse_algo_args(items: list[str] | None) -> dict[str, Any]:
 
 
 @dataclass(kw_only=True)
-@uses(ModelOptions)
-@uses(SearchConfig)
-@uses(RolloutOptions)
-@uses(Seeded)
-@uses(OptimConfig)
-@uses(RunConfig)
-@uses(ValidationConfig)
-class TrainConfig(Record):
-    """Options of one RL training run: the parts (``options.py``) and the algorithm's options.
-    ``None`` = the algorithm's paper default."""
+class TrainConfig(Seeded, Record):
+    """Options of one RL training run: the shared parts (``config/parts.py``), nested, and the
+    algorithm's own options. ``None`` = the algorithm's paper default. Saved and read back
+    flat (:meth:`Record.to_dict`), as the flags are."""
+
+    # ---- the shared parts (every option of each; a new one reaches train, solve and propose)
+    policy: ModelOptions = part(ModelOptions)
+    retrieval: SearchConfig = part(SearchConfig)
+    sim: SimOptions = part(SimOptions)
+    rollout: RolloutOptions = part(RolloutOptions, ranges={"temperature": Range(0, lo_open=True, why="RL samples")})
+    optim: OptimConfig = part(OptimConfig)
+    run: RunConfig = part(RunConfig)
+    validation: ValidationConfig = part(ValidationConfig)
 
     # ---- what to train
     algo: str = "grpo"
@@ -94,16 +97,6 @@ class TrainConfig(Record):
     """em, f1 or subem [algo default: ppo/grpo em, reinforce f1, dspo/gspo subem]."""
     format_bonus: float = option(0.0, range=ANY)
     """Added when the response is well formed (0 = papers)."""
-
-    # ---- ZeroSearch's simulated search (sim:MODEL / sim+http://... only; docs/methods.md §3)
-    noise_start: float | None = option(None, range=FRACTION)
-    """sim search: curriculum noise p_s [0]."""
-    noise_end: float | None = option(None, range=FRACTION)
-    """sim search: curriculum noise p_e [0.25; paper 7B: 0.75]."""
-    noise_base: float | None = option(None, range=POSITIVE)
-    """sim search: curriculum base b [4]."""
-    noise_schedule: str | None = None
-    """sim search: curriculum (eq. 1) or fixed (p = --noise-start) [curriculum]."""
 
     # ---- off-policy overlap (docs/architecture.md, "Rollout overlap")
     rollout_overlap: int = option(0, range=AT_LEAST_0)
@@ -149,7 +142,7 @@ class TrainConfig(Record):
     @classmethod
     def from_preset(cls, name: str | None, **overrides: Any) -> "TrainConfig":
         """Library form of ``--preset``: the preset's values, then ``overrides`` on top."""
-        return cls(**{**apply_preset(name, overrides, set(overrides)), "preset": name})
+        return cls.from_flat(**{**apply_preset(name, overrides, set(overrides)), "preset": name})
 
 
 
@@ -267,6 +260,7 @@ def check_even_shards(batch_size: int, num_processes: int) -> None:
 def check_config(cfg: TrainConfig) -> Any:
     """Validate ``cfg`` and return its algorithm config; every problem is one line."""
     spec = get_spec(cfg.algo)
+    check_option_ranges(cfg)  # the declared ranges: the same check as the command line's
     cfg = resolve_config(cfg)
     acfg = algo_config(cfg)
 
@@ -274,40 +268,25 @@ def check_config(cfg: TrainConfig) -> Any:
         if not ok:
             raise ZsearchError(msg)
 
-    need(cfg.steps >= 1, f"--steps must be >= 1, got {cfg.steps}")
-    need(cfg.batch_size >= 1, f"--batch-size must be >= 1, got {cfg.batch_size}")
-    need(cfg.group_size >= 1, f"--group-size must be >= 1, got {cfg.group_size}")
     need(cfg.group_size >= spec.group_size_min,
          f"--algo {cfg.algo} needs --group-size >= {spec.group_size_min} (a group baseline needs G >= 2), "
          f"got {cfg.group_size}; use --algo reinforce for G = 1")
-    need(cfg.ppo_epochs >= 1, f"--ppo-epochs must be >= 1, got {cfg.ppo_epochs}")
-    need(cfg.micro_batch_size >= 1, f"--micro-batch-size must be >= 1, got {cfg.micro_batch_size}")
-    need(cfg.mini_batch_size is None or cfg.mini_batch_size >= 1,
-         f"--mini-batch-size must be >= 1, got {cfg.mini_batch_size}")
     if spec.on_policy:
         need(cfg.ppo_epochs == 1 and cfg.mini_batch_size is None,
              f"--algo {cfg.algo} is strictly on-policy: one update per batch (no --ppo-epochs/--mini-batch-size)")
-    need(cfg.lr > 0, f"--lr must be > 0, got {cfg.lr}")
     need(acfg.beta >= 0, f"--beta must be >= 0, got {acfg.beta}")
     if spec.needs_critic:
         need((cfg.critic_model or "").lower() != "none",
              f"--algo {cfg.algo} needs a critic: drop --critic-model none (default: a copy of the policy) "
              "or give a model path")
-        need(cfg.critic_lr > 0, f"--algo {cfg.algo} needs a critic learning rate: --critic-lr > 0, got {cfg.critic_lr}")
     else:
         need(cfg.critic_model in (None, "", "none"), f"--critic-model is only used by ppo, not --algo {cfg.algo}")
     if spec.filter_groups:
         need(acfg.max_gen_batches >= 1, f"--max-gen-batches must be >= 1, got {acfg.max_gen_batches}")
     need(cfg.reward in REWARDS, f"unknown --reward {cfg.reward!r}: use one of {', '.join(REWARDS)}")
-    need(cfg.lr_schedule in SCHEDULES, f"unknown --lr-schedule {cfg.lr_schedule!r}: use constant or cosine")
-    need(0.0 <= cfg.warmup_ratio < 1.0, f"--warmup-ratio must be in [0, 1), got {cfg.warmup_ratio}")
-    need(cfg.max_grad_norm >= 0, f"--max-grad-norm must be >= 0, got {cfg.max_grad_norm}")
-    need(cfg.lora_r >= 0, f"--lora-r must be >= 0, got {cfg.lora_r}")
-    need(cfg.temperature > 0, f"--temperature must be > 0 for RL sampling, got {cfg.temperature}")
-    need(cfg.report_to in REPORT_TO, f"unknown --report-to {cfg.report_to!r}: use none, tensorboard or wandb")
-    need(cfg.backend in ("auto", "hf", "vllm"), f"unknown --backend {cfg.backend!r}: use hf, vllm or auto")
-    need(cfg.save_every >= 0 and cfg.keep_checkpoints >= 1,
-         "--save-every must be >= 0 and --keep-checkpoints >= 1")
+    need(cfg.optim.lr_schedule in SCHEDULES, f"unknown --lr-schedule {cfg.optim.lr_schedule!r}: use constant or cosine")
+    need(cfg.run.report_to in REPORT_TO, f"unknown --report-to {cfg.run.report_to!r}: use none, tensorboard or wandb")
+    need(cfg.policy.backend in ("auto", "hf", "vllm"), f"unknown --backend {cfg.policy.backend!r}: use hf, vllm or auto")
     need(not (cfg.rollout_overlap and spec.filter_groups),
          f"--rollout-overlap with --algo {cfg.algo}: DSPO's dynamic filter draws generation batches on demand, "
          "which a rollout started steps ahead cannot serve; use --rollout-overlap 0 (or --algo dspo-nofilter)")
@@ -320,70 +299,34 @@ def check_config(cfg: TrainConfig) -> Any:
          "update on stale samples destabilises within a few steps; use --rollout-overlap 0")
     need(cfg.on_collapse in ON_COLLAPSE, f"unknown --on-collapse {cfg.on_collapse!r}: use warn, stop or rollback")
     if cfg.guard and cfg.on_collapse == "rollback":
-        need(cfg.save_every > 0, "--on-collapse rollback needs checkpoints to go back to: set --save-every > 0")
+        need(cfg.run.save_every > 0, "--on-collapse rollback needs checkpoints to go back to: set --save-every > 0")
         need(not cfg.rollout_overlap, "--on-collapse rollback with --rollout-overlap: the rollouts drawn ahead "
              "would come from the weights being rolled back; use warn or stop")
     from zsearch_cli.rollout.protocols import PROTOCOLS
 
-    need(cfg.protocol in PROTOCOLS, f"unknown --protocol {cfg.protocol!r}: use one of {', '.join(PROTOCOLS)}")
+    need(cfg.rollout.protocol in PROTOCOLS, f"unknown --protocol {cfg.rollout.protocol!r}: use one of {', '.join(PROTOCOLS)}")
     search_options(cfg)
     check_validation(cfg)
     return acfg
 
 
-NOISE_FIELDS = ("noise_start", "noise_end", "noise_base", "noise_schedule")
-
-
-def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
-
-
 def search_options(cfg: TrainConfig) -> dict[str, Any]:
-    """Keyword options for ``make_search_backend(cfg.search, …)``: for the simulator, the
-    ``--noise-*`` values that are set and the run's seed (unless the spec sets its own);
-    nothing for a real engine, where setting ``--noise-*`` is an error. Checked in full here
-    (values, ranges, spec options) so a bad combination fails before any model loads."""
-    from zsearch_cli.search.factory import is_simulated
+    """Keyword options for ``make_search_backend(cfg.retrieval.search, …)``: the simulator's
+    (``search/sim_options.py``, which also refuses ``--noise-*`` on a real engine)."""
+    from zsearch_cli.search.sim_options import sim_search_options
 
-    set_fields = [name for name in NOISE_FIELDS if getattr(cfg, name) is not None]
-    if not is_simulated(cfg.search):
-        if set_fields:
-            raise ZsearchError(f"{'/'.join(map(_flag, set_fields))} only applies to the simulated search "
-                               f"(--search sim:MODEL or sim+http://HOST:PORT/v1), not --search {cfg.search}")
-        return {}
-    from zsearch_cli.search.curriculum import NoiseCurriculum
-    from zsearch_cli.search.sim_text import SFT_DOCS
-    from zsearch_cli.search.simulated import SimConfig, parse_sim_spec, spec_option_names
-
-    _, spec_options = parse_sim_spec(cfg.search.strip())
-    in_spec = spec_option_names(cfg.search.strip())
-    both = [name for name in set_fields if name in in_spec]
-    if both:
-        raise ZsearchError(f"{_flag(both[0])} and --search …?{both[0]}= both set it: keep one")
-    kwargs: dict[str, Any] = {name: getattr(cfg, name) for name in set_fields}
-    if "seed" not in in_spec:
-        kwargs["seed"] = cfg.seed
-    sim = SimConfig.from_options({**spec_options, **kwargs})
-    NoiseCurriculum(sim.noise_start, sim.noise_end, sim.noise_base, sim.noise_schedule)  # range checks
-    if sim.mode == "sft" and cfg.topk > SFT_DOCS:
-        raise ZsearchError(f"--topk {cfg.topk}: the ZeroSearch simulator writes {SFT_DOCS} documents "
-                           f"(use --topk <= {SFT_DOCS}, or mode=prompt)")
-    return kwargs
+    return sim_search_options(cfg.retrieval.search, cfg.sim, seed=cfg.seed, topk=cfg.rollout.topk)
 
 
 def validation_search(cfg: TrainConfig) -> str:
     """The validation backend's spec: ``--val-search``, else bm25 over ``--index``."""
-    return (cfg.val_search or "bm25").strip()
+    return (cfg.validation.val_search or "bm25").strip()
 
 
 def check_validation(cfg: TrainConfig) -> None:
     """Validation options; a simulated validation backend needs ``--val-allow-sim``."""
     from zsearch_cli.search.factory import is_simulated
 
-    if cfg.val_every < 0:
-        raise ZsearchError(f"--val-every must be >= 0, got {cfg.val_every}")
-    if cfg.val_limit is not None and cfg.val_limit < 1:
-        raise ZsearchError(f"--val-limit must be >= 1, got {cfg.val_limit}")
-    if cfg.val_data and is_simulated(validation_search(cfg)) and not cfg.val_allow_sim:
+    if cfg.validation.val_data and is_simulated(validation_search(cfg)) and not cfg.validation.val_allow_sim:
         raise ZsearchError(f"--val-search {validation_search(cfg)} is the simulator: validation measures real "
                            "retrieval (default: bm25 over --index); pass --val-allow-sim to validate on it anyway")

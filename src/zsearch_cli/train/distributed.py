@@ -51,7 +51,7 @@ def init_tracker(acc: Any, cfg: Any) -> None:
     """--report-to: accelerate's tracker, on the main process, writing under OUT."""
     from zsearch_cli.train.config import resolved_dict
 
-    report_to = cfg.report_to
+    report_to = cfg.run.report_to
     if report_to == "none":
         return
     hparams = resolved_dict(cfg, acc.num_processes)

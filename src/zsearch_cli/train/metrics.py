@@ -22,7 +22,8 @@ PLOTTED = ("rollout/reward_mean", "rollout/em", "rollout/f1", "actor/kl_ref", "a
            "actor/grad_norm", "actor/lr", "rollout/response_length", "rollout/searches", "filter/kept_frac",
            "rollout/logp_mismatch", "critic/vf_loss", "search/noise_p", "val/em", "val/f1", "time/step",
            "proposer/difficulty", "proposer/format_reward", "proposer/solver_k", "proposer/gate_pass",
-           "rollout/truncated_frac", "rollout/garbage_frac", "rollout/repeat_frac")
+           "rollout/truncated_frac", "rollout/garbage_frac", "rollout/repeat_frac", "rollout/no_search_rate",
+           "rollout/answer_in_context", "rollout/repeated_query_rate", "rollout/answer_tokens")
 """Curves ``zsearch plot`` draws, when the run logged them."""
 
 
@@ -83,8 +84,10 @@ def step_metrics(step: int, collected: StepSamples, update: dict[str, float] | N
         values.update({"filter/kept_groups": float(collected.kept_groups), "filter/tokens_wasted": collected.tokens_wasted,
                        "filter/kept_frac": collected.kept_groups / max(collected.total_groups, 1)})
     if trajs:  # the policy's own text and tokens, never the retrieved passages (train/guard.py)
+        from zsearch_cli.audit.behaviour import rollout_behaviour
         from zsearch_cli.train.guard import text_metrics
 
+        values.update(rollout_behaviour(trajs))  # no-search answers, answer in context, repeated queries
         values.update(text_metrics(["".join(t.policy_texts) for t in trajs],
                                    [[i for i, k in zip(t.response_ids, t.loss_mask) if k] for t in trajs]))
     values.update(update or {})

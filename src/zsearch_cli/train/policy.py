@@ -32,8 +32,8 @@ def is_peft(model: Any) -> bool:
 def _lora_config(cfg: TrainConfig, task_type: str | None) -> Any:
     from peft import LoraConfig
 
-    targets = [t.strip() for t in cfg.lora_targets.split(",") if t.strip()]
-    return LoraConfig(r=cfg.lora_r, lora_alpha=cfg.lora_alpha, target_modules=targets, lora_dropout=0.0,
+    targets = [t.strip() for t in cfg.optim.lora_targets.split(",") if t.strip()]
+    return LoraConfig(r=cfg.optim.lora_r, lora_alpha=cfg.optim.lora_alpha, target_modules=targets, lora_dropout=0.0,
                       bias="none", task_type=task_type)
 
 
@@ -93,12 +93,12 @@ def disable_dropout(model: nn.Module) -> None:
 
 def load_policy(cfg: TrainConfig, device: str, dtype: str, resume_dir: Path | None = None) -> tuple[Any, Any]:
     """(policy, tokenizer), in train mode. From ``resume_dir`` when resuming: a full model
-    folder, or (LoRA) the base from ``cfg.model`` plus the saved adapter."""
-    if resume_dir is not None and cfg.lora_r == 0:
+    folder, or (LoRA) the base from ``cfg.policy.model`` plus the saved adapter."""
+    if resume_dir is not None and cfg.optim.lora_r == 0:
         model, tokenizer = load_model(str(resume_dir), device=device, dtype=dtype, trainable=True)
     else:
-        model, tokenizer = load_model(cfg.model, device=device, dtype=dtype, trainable=True)
-    if cfg.lora_r > 0:
+        model, tokenizer = load_model(cfg.policy.model, device=device, dtype=dtype, trainable=True)
+    if cfg.optim.lora_r > 0:
         from peft import PeftModel, get_peft_model
 
         try:
@@ -107,8 +107,8 @@ def load_policy(cfg: TrainConfig, device: str, dtype: str, resume_dir: Path | No
             else:
                 model = get_peft_model(model, _lora_config(cfg, "CAUSAL_LM"))
         except ValueError as err:  # e.g. a target module the architecture lacks
-            raise ZsearchError(f"--lora-targets {cfg.lora_targets}: {err}") from None
-    if cfg.gradient_checkpointing:
+            raise ZsearchError(f"--lora-targets {cfg.optim.lora_targets}: {err}") from None
+    if cfg.optim.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.config.use_cache = False  # training forwards never need the cache; rollout passes use_cache=True
     disable_dropout(model)
@@ -118,12 +118,12 @@ def load_policy(cfg: TrainConfig, device: str, dtype: str, resume_dir: Path | No
 
 def load_reference(cfg: TrainConfig, policy: Any, device: str, dtype: str, needed: bool) -> Any:
     """The frozen reference: None when not needed (β = 0), the policy itself for LoRA (use
-    :func:`reference_mode`), else a frozen copy of ``cfg.model``."""
+    :func:`reference_mode`), else a frozen copy of ``cfg.policy.model``."""
     if not needed:
         return None
     if is_peft(policy):
         return policy
-    model, _ = load_model(cfg.model, device=device, dtype=dtype, trainable=False)
+    model, _ = load_model(cfg.policy.model, device=device, dtype=dtype, trainable=False)
     return model
 
 
@@ -165,18 +165,18 @@ def load_critic(cfg: TrainConfig, device: str, dtype: str, resume_dir: Path | No
 
     from zsearch_cli.models.loading import resolve_device, resolve_dtype
 
-    source = cfg.critic_model or cfg.model
+    source = cfg.critic_model or cfg.policy.model
     path = resolve_model_path(source)
     dev = resolve_device(device)
     try:
         backbone = AutoModel.from_pretrained(path, dtype=resolve_dtype(dtype, dev), weights_only=True)
     except (OSError, ValueError) as err:
         raise ZsearchError(f"--critic-model {source}: cannot load ({err})") from None
-    if cfg.lora_r > 0:
+    if cfg.optim.lora_r > 0:
         from peft import get_peft_model
 
         backbone = get_peft_model(backbone, _lora_config(cfg, "FEATURE_EXTRACTION"))
-    if cfg.gradient_checkpointing:
+    if cfg.optim.gradient_checkpointing:
         backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     disable_dropout(backbone)
     critic = Critic(backbone, backbone.config.hidden_size).to(dev)
@@ -245,7 +245,7 @@ def save_merged(final: Path, cfg: Any) -> Path | None:
     OUT/final/merged (full weights, the LoRA merged in: a plain HF folder for vLLM and
     transformers), as ``zsearch sft --merge-lora`` does; None for a full fine-tune or
     without the option. Main process only."""
-    if not (getattr(cfg, "merge_lora", False) and cfg.lora_r > 0):
+    if not (getattr(cfg, "merge_lora", False) and cfg.optim.lora_r > 0):
         return None
     from zsearch_cli.models.loading import merged_lora_dir
 
@@ -283,7 +283,7 @@ def generation_copy(cfg: TrainConfig, accelerator: Any, resume_dir: Path | None)
     while rollouts differ in length, turns and (DSPO) generation batches per process. Costs
     one full model per process; :func:`sync_generation_copy` refreshes it after each update."""
     with unsharded_loading(accelerator):
-        model, _ = load_policy(cfg, str(accelerator.device), cfg.dtype, resume_dir)
+        model, _ = load_policy(cfg, str(accelerator.device), cfg.policy.dtype, resume_dir)
     model.requires_grad_(False)
     model.config.use_cache = True  # generation only
     return model
@@ -336,7 +336,7 @@ def generation_backend(cfg: TrainConfig, accelerator: Any, policy: Any, tokenize
     when it shares the policy object, or is vLLM with weights of its own)."""
     from zsearch_cli.models.factory import vllm_available
 
-    kind = cfg.backend
+    kind = cfg.policy.backend
     if kind == "auto":
         kind = "vllm" if vllm_available() else "hf"
     if kind == "hf":
@@ -354,6 +354,6 @@ def generation_backend(cfg: TrainConfig, accelerator: Any, policy: Any, tokenize
                            "whole tensors); use DDP (stages/accelerate/ddp.yaml) or --backend hf")
     from zsearch_cli.models.vllm import VLLMBackend
 
-    start = str(resume_dir) if resume_dir is not None and cfg.lora_r == 0 else cfg.model
-    return VLLMBackend(start, dtype=cfg.dtype, seed=cfg.seed, tokenizer=tokenizer,
-                       max_model_len=cfg.max_context_tokens), None
+    start = str(resume_dir) if resume_dir is not None and cfg.optim.lora_r == 0 else cfg.policy.model
+    return VLLMBackend(start, dtype=cfg.policy.dtype, seed=cfg.seed, tokenizer=tokenizer,
+                       max_model_len=cfg.rollout.max_context_tokens), None

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from zsearch_cli.config.fields import check_option_ranges
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.protocol import differing
 from zsearch_cli.train.distributed import check_sharded_saving
@@ -56,21 +57,11 @@ RESUME_MAY_CHANGE = {"max_steps", "epochs", "save_every", "keep_checkpoints", "r
 
 def check_sft_config(cfg: SFTConfig) -> None:
     """Every invalid option is one ZsearchError line, before anything heavy is loaded."""
+    check_option_ranges(cfg)  # the declared ranges: the same check as the command line's
     checks = [
         (bool(str(cfg.data).strip()), "name the training data (a .parquet or .jsonl file)"),
-        (cfg.batch_size >= 1, f"--batch-size must be >= 1, got {cfg.batch_size}"),
-        (cfg.grad_accum >= 1, f"--grad-accum must be >= 1, got {cfg.grad_accum}"),
-        (cfg.lr > 0, f"--lr must be > 0, got {cfg.lr}"),
-        (cfg.max_steps is None or cfg.max_steps >= 1, f"--max-steps must be >= 1, got {cfg.max_steps}"),
-        (cfg.max_steps is not None or cfg.epochs > 0, f"--epochs must be > 0, got {cfg.epochs}"),
-        (cfg.max_length >= 2, f"--max-length must be >= 2, got {cfg.max_length}"),
-        (0.0 <= cfg.eval_fraction < 1.0, f"--eval-fraction must be in [0, 1), got {cfg.eval_fraction}"),
-        (cfg.eval_every >= 0, f"--eval-every must be >= 0, got {cfg.eval_every}"),
-        (cfg.lr_schedule in ("constant", "cosine"), f"unknown --lr-schedule {cfg.lr_schedule!r}: constant or cosine"),
-        (0.0 <= cfg.warmup_ratio < 1.0, f"--warmup-ratio must be in [0, 1), got {cfg.warmup_ratio}"),
-        (cfg.max_grad_norm >= 0, f"--max-grad-norm must be >= 0, got {cfg.max_grad_norm}"),
-        (cfg.lora_r >= 0, f"--lora-r must be >= 0, got {cfg.lora_r}"),
-        (cfg.save_every >= 0 and cfg.keep_checkpoints >= 1, "--save-every must be >= 0 and --keep-checkpoints >= 1"),
+        (cfg.optim.lr_schedule in ("constant", "cosine"),
+         f"unknown --lr-schedule {cfg.optim.lr_schedule!r}: constant or cosine"),
     ]
     for ok, msg in checks:
         if not ok:
@@ -108,7 +99,7 @@ class SFTTrainer:
         check_sft_config(cfg)
         self.cfg = cfg
         self.console = console or Console(stderr=True)
-        self.accelerator = acc = Accelerator(cpu=cfg.device == "cpu" or not torch.cuda.is_available())
+        self.accelerator = acc = Accelerator(cpu=cfg.policy.device == "cpu" or not torch.cuda.is_available())
         check_sharded_saving(acc)
         resume_dir = self._resume_point()
         random.seed(cfg.seed)
@@ -116,17 +107,17 @@ class SFTTrainer:
         torch.manual_seed(cfg.seed)
         # load_policy reads only model, lora_* and gradient_checkpointing, which SFTConfig shares
         # with TrainConfig: full weights or a fresh/resumed LoRA adapter, exactly as `train` does.
-        self.policy, self.tokenizer = load_policy(cfg, str(acc.device), cfg.dtype, resume_dir)  # type: ignore[arg-type]
+        self.policy, self.tokenizer = load_policy(cfg, str(acc.device), cfg.policy.dtype, resume_dir)  # type: ignore[arg-type]
         self.train_items, self.eval_items = self._load_data()
         self.global_batch = cfg.batch_size * cfg.grad_accum * acc.num_processes
         self.order = StepOrder(len(self.train_items), self.global_batch, cfg.seed)
         self.total_steps = cfg.max_steps or max(1, math.ceil(cfg.epochs * len(self.train_items) / self.global_batch))
-        self.optimizer, self.scheduler = make_optimizer(self.policy.parameters(), cfg.lr, cfg.weight_decay,
-                                                        self.total_steps, cfg.warmup_ratio, cfg.lr_schedule,
-                                                        cfg.min_lr_ratio)
+        self.optimizer, self.scheduler = make_optimizer(self.policy.parameters(), cfg.optim.lr, cfg.optim.weight_decay,
+                                                        self.total_steps, cfg.optim.warmup_ratio, cfg.optim.lr_schedule,
+                                                        cfg.optim.min_lr_ratio)
         self.policy, self.optimizer = acc.prepare(self.policy, self.optimizer)
         self.pad_id = int(self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0)
-        self.metrics = MetricsLog(Path(cfg.out), cfg.to_dict(), acc, acc.is_main_process)
+        self.metrics = MetricsLog(Path(cfg.run.out), cfg.to_dict(), acc, acc.is_main_process)
         self.start_step = 0
         if resume_dir is not None:
             state = read_state(resume_dir)
@@ -142,13 +133,13 @@ class SFTTrainer:
     def _resume_point(self) -> Path | None:
         """The checkpoint to resume from, after checking the options still match it."""
         cfg = self.cfg
-        latest = latest_checkpoint(Path(cfg.out))
+        latest = latest_checkpoint(Path(cfg.run.out))
         if latest is None:
-            if cfg.resume:
-                self.console.print(f"[dim]--resume: no checkpoint in {cfg.out}/checkpoints, starting fresh[/]")
+            if cfg.run.resume:
+                self.console.print(f"[dim]--resume: no checkpoint in {cfg.run.out}/checkpoints, starting fresh[/]")
             return None
-        if not cfg.resume:
-            raise ZsearchError(f"{cfg.out} already holds checkpoints (latest {latest.name}): "
+        if not cfg.run.resume:
+            raise ZsearchError(f"{cfg.run.out} already holds checkpoints (latest {latest.name}): "
                                "pass --resume to continue that run, or choose another --out")
         state = read_state(latest)
         if state.get("metrics_format", 1) != METRICS_FORMAT:  # its rows count steps from 0
@@ -156,7 +147,7 @@ class SFTTrainer:
                                f"finish that run with the zsearch that started it, or start a new --out")
         changed = differing(state["config"], cfg.to_dict(), RESUME_MAY_CHANGE)
         if changed:
-            raise ZsearchError(f"--resume: options differ from the run in {cfg.out} ({', '.join(changed)}); "
+            raise ZsearchError(f"--resume: options differ from the run in {cfg.run.out} ({', '.join(changed)}); "
                                "pass the same options or choose another --out")
         return latest
 
@@ -214,7 +205,7 @@ class SFTTrainer:
                 acc.backward(nll * scale)
             nll_total += float(nll.detach())
         params = [p for p in self.policy.parameters() if p.requires_grad]
-        limit = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
+        limit = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
         grad_norm = float(acc.clip_grad_norm_(params, limit))
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -252,7 +243,7 @@ class SFTTrainer:
             return None
 
         def write(tmp: Path) -> None:
-            save_policy(acc.unwrap_model(self.policy), self.tokenizer, tmp, cfg.model, weights)
+            save_policy(acc.unwrap_model(self.policy), self.tokenizer, tmp, cfg.policy.model, weights)
             torch.save(optimizer, tmp / "optimizer.pt")
             torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
             json_rng, torch_rng = rng_state()
@@ -261,11 +252,11 @@ class SFTTrainer:
                      "config": cfg.to_dict(), "metrics_format": METRICS_FORMAT, "metrics": self.metrics.rows}
             (tmp / STATE_FILE).write_text(json.dumps(state, default=str) + "\n")
 
-        root = Path(cfg.out) / "checkpoints"
+        root = Path(cfg.run.out) / "checkpoints"
         for stale in root.glob(".step-*.tmp-*") if root.is_dir() else []:
             shutil.rmtree(stale, ignore_errors=True)  # left by a process killed mid-save
         path = atomic_dir(root / f"step-{completed}", write)
-        for _, old in checkpoints(Path(cfg.out))[: -cfg.keep_checkpoints]:
+        for _, old in checkpoints(Path(cfg.run.out))[: -cfg.run.keep_checkpoints]:
             shutil.rmtree(old, ignore_errors=True)
         acc.wait_for_everyone()  # the checkpoint is complete before any process goes on
         return path
@@ -275,14 +266,14 @@ class SFTTrainer:
         ``zsearch eval --model`` and ``vllm serve`` load it), or a LoRA adapter folder
         (plus OUT/final/merged with ``merge_lora``)."""
         acc, cfg = self.accelerator, self.cfg
-        final = Path(cfg.out) / "final"
+        final = Path(cfg.run.out) / "final"
         weights = full_model_state(acc, self.policy)
         if acc.is_main_process:
             model = acc.unwrap_model(self.policy)
             model.config.use_cache = True  # training turned it off; generation wants it
-            atomic_dir(final, lambda tmp: save_policy(model, self.tokenizer, tmp, cfg.model, weights))
+            atomic_dir(final, lambda tmp: save_policy(model, self.tokenizer, tmp, cfg.policy.model, weights))
             model.config.use_cache = False
-            if cfg.lora_r > 0 and cfg.merge_lora:
+            if cfg.optim.lora_r > 0 and cfg.merge_lora:
                 from zsearch_cli.models.loading import merged_lora_dir
 
                 merged_lora_dir(str(final))
@@ -314,7 +305,7 @@ class SFTTrainer:
                 self.metrics.log(row)
                 bar.update(task, advance=1, loss=f"{row['loss']:.4f}")
                 lines.advance(1, loss=row["loss"])
-                if cfg.save_every and (step + 1) % cfg.save_every == 0:
+                if cfg.run.save_every and (step + 1) % cfg.run.save_every == 0:
                     self.checkpoint(step + 1)
         final = self.save_final()
         if show:

@@ -5,24 +5,22 @@ Apart from ``train/sft.py`` so that the CLI can build ``--help`` without importi
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from zsearch_cli.config.ranges import AT_LEAST_0, AT_LEAST_1, POSITIVE, Range
-
-from zsearch_cli.config.fields import Record, option, uses
+from zsearch_cli.config.fields import Record, option, part
 from zsearch_cli.config.parts import ModelOptions, OptimConfig, RunConfig, Seeded
+from zsearch_cli.config.ranges import AT_LEAST_0, AT_LEAST_1, POSITIVE, Range
 
 
 @dataclass(kw_only=True)
-@uses(ModelOptions, "model", "device", "dtype")
-@uses(OptimConfig, lr=1e-5, lr_schedule="cosine", warmup_ratio=0.03)
-@uses(RunConfig, "out", "save_every", "keep_checkpoints", "resume", out=Path("runs/sft"), save_every=100)
-@uses(Seeded)
-class SFTConfig(Record):
+class SFTConfig(Seeded, Record):
     """Options of one SFT run."""
+
+    policy: ModelOptions = part(ModelOptions, exclude=("backend",))
+    optim: OptimConfig = part(OptimConfig, lr=1e-5, lr_schedule="cosine", warmup_ratio=0.03)
+    run: RunConfig = part(RunConfig, exclude=("save_rollouts", "report_to"), out=Path("runs/sft"), save_every=100)
 
     data: str = option("", argument=True, required=True, cli_type=Path, convert=str)
     """prompt/completion pairs (SFT_EXAMPLE) or trajectories (prompt_ids, response_ids, loss_mask)."""
@@ -37,7 +35,7 @@ class SFTConfig(Record):
     is served). Trajectories are already token ids."""
     only_correct: bool = option(False, flags=("--only-correct",))
     """Trajectories: keep EM-correct ones only (rejection sampling)."""
-    max_length: int = option(2048, range=AT_LEAST_1)
+    max_length: int = option(2048, range=Range(2, why="a prompt token and a completion token"))
     """Tokens per example; prompts are cut from the left, completions never (one longer alone is dropped)."""
     epochs: float = option(1.0, range=POSITIVE)
     """Passes over the training examples (ignored when --max-steps is set)."""
@@ -52,12 +50,12 @@ class SFTConfig(Record):
 
 
 @dataclass(kw_only=True)
-@uses(SFTConfig, *(f.name for f in dataclasses.fields(SFTConfig)
-                   if f.name not in ("data", "eval_data", "chat_template", "only_correct")),
-      out=Path("runs/simsft"), max_length=1024, lr=1e-6, merge_lora=True)
 class SimSFTOptions:
     """``zsearch simsft``: the SFT options (the simulator's defaults: ZeroSearch's lr 1e-6, short
     documents, merged LoRA weights for `vllm serve`) and how judged rows become examples."""
+
+    sft: SFTConfig = part(SFTConfig, exclude=("data", "eval_data", "chat_template", "only_correct"),
+                          out=Path("runs/simsft"), max_length=1024, lr=1e-6, merge_lora=True)
 
     judgments: Path = option(argument=True)
     """judgments(.balanced).parquet from `zsearch judge`."""

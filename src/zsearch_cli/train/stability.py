@@ -28,15 +28,14 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.markup import escape
 
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.train.guard import CollapseGuard, GuardConfig, GuardEvent
+from zsearch_cli.train.handle import TrainerHandle
 
-if TYPE_CHECKING:
-    from zsearch_cli.train.trainer import Trainer
 
 MAX_ROLLBACKS = 3
 """Rollbacks per run (over resumes too); the next event after them stops the run."""
@@ -146,7 +145,7 @@ class Stability:
         kept by its marker, see checkpoint.py)."""
         return set(self.pending)
 
-    def act(self, trainer: Trainer, step: int, metrics: Any) -> int | None:
+    def act(self, trainer: TrainerHandle, step: int, metrics: Any) -> int | None:
         """Carry out the last step's decision: None to go on (no event, or warn), the step
         the run continues after (a rollback); a stop raises :class:`ZsearchError`."""
         if self.decision is None or self.decision[0] == "warn":
@@ -182,7 +181,7 @@ class Stability:
 
     # ------------------------------------------------------------------ rollback
 
-    def _rollback(self, trainer: Trainer, step: int) -> int:
+    def _rollback(self, trainer: TrainerHandle, step: int) -> int:
         from zsearch_cli.train.checkpoint import drop_checkpoints_after, load_training_state
 
         target = self._target()
@@ -216,7 +215,7 @@ class Stability:
                                f"lr x{scale:g} from now on; steps {target + 1}-{step} run again on new batches[/]",
                                soft_wrap=True, highlight=False)
         acc.wait_for_everyone()
-        trainer._sync_generation()
+        trainer.sync_generation()
         return target
 
     # ------------------------------------------------------------------ checkpoint state
@@ -269,7 +268,7 @@ def scale_lr(optimizer: Any, scheduler: Any, factor: float) -> None:
             group["initial_lr"] *= factor
 
 
-def load_weights(trainer: Trainer, path: Path) -> None:
+def load_weights(trainer: TrainerHandle, path: Path) -> None:
     """Load checkpoint ``path``'s policy (and critic) weights into the live models. Every
     process holds the whole model (one process or DDP), so each loads the same files."""
     from safetensors.torch import load_file

@@ -152,7 +152,7 @@ def run_toy(algo: str, model: Path, rows: list[Any], out: Path, search: OracleSe
     options = dict(algo=algo, model=str(model), out=out, steps=STEPS, batch_size=8, group_size=4,
                    lr=LR, warmup_ratio=WARMUP, beta=0.0, max_turns=1, max_turn_tokens=12, micro_batch_size=32,
                    save_every=0, device="cpu", seed=0)
-    cfg = TrainConfig(**{**options, **ALGOS[algo], **overrides})
+    cfg = TrainConfig.from_flat(**{**options, **ALGOS[algo], **overrides})
     # The rows carry their own short prompt, which a QA file cannot: hand them over as data.
     trainer = Trainer(cfg, search=search, data=PromptSampler(rows, cfg.batch_size, cfg.seed))
     trainer.train()

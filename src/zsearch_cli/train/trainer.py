@@ -102,16 +102,16 @@ class Trainer:
         torch.manual_seed(cfg.seed)
 
         device = str(self.accelerator.device)
-        self.policy, self.tokenizer = load_policy(cfg, device, cfg.dtype, resume_dir)
+        self.policy, self.tokenizer = load_policy(cfg, device, cfg.policy.dtype, resume_dir)
         with unsharded_loading(self.accelerator):  # the reference is never prepared: every process holds it whole
-            self.reference = load_reference(cfg, self.policy, device, cfg.dtype, self.spec.needs_reference(self.acfg))
-        self.critic = load_critic(cfg, device, cfg.dtype, resume_dir) if self.spec.needs_critic else None
-        sched = (cfg.steps, cfg.warmup_ratio, cfg.lr_schedule, cfg.min_lr_ratio)
-        self.optimizer, self.scheduler = make_optimizer(self.policy.parameters(), cfg.lr, cfg.weight_decay, *sched)
+            self.reference = load_reference(cfg, self.policy, device, cfg.policy.dtype, self.spec.needs_reference(self.acfg))
+        self.critic = load_critic(cfg, device, cfg.policy.dtype, resume_dir) if self.spec.needs_critic else None
+        sched = (cfg.steps, cfg.optim.warmup_ratio, cfg.optim.lr_schedule, cfg.optim.min_lr_ratio)
+        self.optimizer, self.scheduler = make_optimizer(self.policy.parameters(), cfg.optim.lr, cfg.optim.weight_decay, *sched)
         self.critic_optimizer = self.critic_scheduler = None
         if self.critic is not None:
             self.critic_optimizer, self.critic_scheduler = make_optimizer(
-                self.critic.parameters(), cfg.critic_lr, cfg.weight_decay, *sched)
+                self.critic.parameters(), cfg.critic_lr, cfg.optim.weight_decay, *sched)
             self.critic, self.critic_optimizer = self.accelerator.prepare(self.critic, self.critic_optimizer)
         self.policy, self.optimizer = self.accelerator.prepare(self.policy, self.optimizer)
 
@@ -119,7 +119,7 @@ class Trainer:
             from zsearch_cli.search.factory import make_search_backend
 
             # --noise-* and the seed, for the simulator (search_options checked them already)
-            search = make_search_backend(cfg.search, index_dir=cfg.index or Path("runs/index"), **search_options(cfg))
+            search = make_search_backend(cfg.retrieval.search, index_dir=cfg.retrieval.index or Path("runs/index"), **search_options(cfg))
         self.search: SearchBackend = search
         self.generation, self.generation_copy = generation_backend(cfg, self.accelerator, self.policy,
                                                                    self.tokenizer, resume_dir)
@@ -132,9 +132,9 @@ class Trainer:
                                    seed=cfg.seed + 7919 * self.accelerator.process_index)
         if self.validator is not None:
             self.validator.attach(self.generation, self.search, self.accelerator, cfg.batch_size * cfg.group_size)
-        self.metrics = MetricsLog(Path(cfg.out), resolved_dict(cfg, self.accelerator.num_processes), self.accelerator,
+        self.metrics = MetricsLog(Path(cfg.run.out), resolved_dict(cfg, self.accelerator.num_processes), self.accelerator,
                                   self.accelerator.is_main_process)
-        self.stability = (Stability(cfg.out, cfg.on_collapse, self.console, self.accelerator.is_main_process,
+        self.stability = (Stability(cfg.run.out, cfg.on_collapse, self.console, self.accelerator.is_main_process,
                                     self.metrics.config) if cfg.guard else None)  # the collapse guard (stability.py)
         self.start_step = 0
         self.overlap = None  # --rollout-overlap: the stream and the rows drawn ahead, while train() runs
@@ -152,17 +152,17 @@ class Trainer:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.models = StepModels(self.policy, self.reference, self.critic, self.optimizer, self.critic_optimizer,
                                  self.accelerator, int(self.pad_id), self.accelerator.device)
-        self._sync_generation()
+        self.sync_generation()
 
     # ------------------------------------------------------------------ setup helpers
 
     def _accelerator(self) -> Any:
         from accelerate import Accelerator
 
-        cpu = self.cfg.device == "cpu" or not torch.cuda.is_available()
+        cpu = self.cfg.policy.device == "cpu" or not torch.cuda.is_available()
         kwargs: dict[str, Any] = {}
-        if self.cfg.report_to != "none":
-            kwargs.update(log_with=self.cfg.report_to, project_dir=str(self.cfg.out))
+        if self.cfg.run.report_to != "none":
+            kwargs.update(log_with=self.cfg.run.report_to, project_dir=str(self.cfg.run.out))
         try:
             with warnings.catch_warnings():  # a missing tracker package gets its own error below
                 warnings.filterwarnings("ignore", message="`log_with=", category=UserWarning)
@@ -181,18 +181,18 @@ class Trainer:
 
     def _resume_point(self) -> Path | None:
         """The checkpoint to resume from, after checking the options still match it."""
-        latest = latest_checkpoint(Path(self.cfg.out))
+        latest = latest_checkpoint(Path(self.cfg.run.out))
         if latest is None:
-            if self.cfg.resume:
-                self.console.print(f"[dim]--resume: no checkpoint in {self.cfg.out}/checkpoints, starting fresh[/]")
+            if self.cfg.run.resume:
+                self.console.print(f"[dim]--resume: no checkpoint in {self.cfg.run.out}/checkpoints, starting fresh[/]")
             return None
-        if not self.cfg.resume:
-            raise ZsearchError(f"{self.cfg.out} already holds checkpoints (latest {latest.name}): "
+        if not self.cfg.run.resume:
+            raise ZsearchError(f"{self.cfg.run.out} already holds checkpoints (latest {latest.name}): "
                                "pass --resume to continue that run, or choose another --out")
         check_resumable(latest, self.accelerator)
         changed = differing(with_later_options(read_state(latest)["config"]), self.cfg.to_dict(), RESUME_MAY_CHANGE)
         if changed:
-            raise ZsearchError(f"--resume: options differ from the run in {self.cfg.out} ({', '.join(changed)}); "
+            raise ZsearchError(f"--resume: options differ from the run in {self.cfg.run.out} ({', '.join(changed)}); "
                                "pass the same options or choose another --out")
         return latest
 
@@ -202,7 +202,7 @@ class Trainer:
 
         return [int(x) for x in gather_object([n])]
 
-    def _sync_generation(self) -> None:
+    def sync_generation(self) -> None:
         """Make the generation backend see the current policy: push it (LoRA merged) into the
         vLLM engine and check the engine now scores a fixed probe like the policy does, or
         refresh the HF backend's copy under FSDP / ZeRO-3; the HF backend of one process or
@@ -210,7 +210,7 @@ class Trainer:
         if self.uses_vllm:
             policy = self.accelerator.unwrap_model(self.policy)
             self.generation.update_weights(merged_weights(policy))
-            self.sync_mismatch = self._worst_over_processes(self._probe_mismatch(policy))
+            self.sync_mismatch = self.worst_over_processes(self._probe_mismatch(policy))
             tol = logp_tolerance(self.generation.dtype)
             if self.sync_mismatch > tol:
                 raise ZsearchError(f"the vLLM weight sync failed: after it, the engine's logprobs of a probe "
@@ -220,7 +220,7 @@ class Trainer:
         elif self.generation_copy is not None:
             sync_generation_copy(self.accelerator, self.policy, self.generation_copy)
 
-    def _worst_over_processes(self, value: float) -> float:
+    def worst_over_processes(self, value: float) -> float:
         """The largest ``value`` of all processes (a collective; itself on one process), so that
         a guard on it stops every process together instead of leaving the others to hang."""
         if self.accelerator.num_processes == 1:
@@ -268,7 +268,7 @@ class Trainer:
         self._phase(f"rolling out step {step}/{cfg.steps}")
         collected = sample_step(engine, data, self.spec, self.acfg, step, group_size=cfg.group_size,
                             metric=cfg.reward,
-                            protocol=cfg.protocol, format_bonus=cfg.format_bonus, reward_fn=self.reward_fn,
+                            protocol=cfg.rollout.protocol, format_bonus=cfg.format_bonus, reward_fn=self.reward_fn,
                             shard=(acc.process_index, acc.num_processes), batch_reward_fn=self.batch_reward_fn,
                             all_counts=self._all_counts if acc.num_processes > 1 else None)
         for note in collected.notes:
@@ -314,7 +314,7 @@ class Trainer:
         row = self._reduce(step_metrics(step, collected, update, extra))
         if self.stability is not None:  # adds guard/events and guard/rollbacks, logs events, decides
             self.stability.observe(step, row)
-        if cfg.save_rollouts:
+        if cfg.run.save_rollouts:
             self._save_rollouts(step, collected.samples)
         self.metrics.log(row)
         dtype = (self.generation.dtype if self.uses_vllm
@@ -327,7 +327,7 @@ class Trainer:
         validation runs when due (its metrics go into ``validation``). Both need the backend
         idle, so under --rollout-overlap this runs on the rollout thread, between two turns."""
         if updated:
-            self._sync_generation()
+            self.sync_generation()
         if self.validator is not None and self.validator.due(step):
             validation.update(self.validator.run(step))
 
@@ -345,7 +345,7 @@ class Trainer:
 
         rows = [s.to_row() for s in samples]
         suffix = f".rank{self.accelerator.process_index}" if self.accelerator.num_processes > 1 else ""
-        write_artifact(rows, Path(self.cfg.out) / "rollouts" / f"step-{step:06d}{suffix}.parquet", ROLLOUT,
+        write_artifact(rows, Path(self.cfg.run.out) / "rollouts" / f"step-{step:06d}{suffix}.parquet", ROLLOUT,
                        self.cfg.to_dict())
 
     def training_state(self) -> TrainingState:
@@ -371,11 +371,11 @@ class Trainer:
         """OUT/final: an HF model folder (or LoRA adapter) that ``zsearch eval --model`` loads.
         Every process calls it: the weights are gathered from all, the main process writes."""
         acc = self.accelerator
-        final = Path(self.cfg.out) / "final"
+        final = Path(self.cfg.run.out) / "final"
         state = full_model_state(acc, self.policy)
         if acc.is_main_process:
             atomic_dir(final, lambda tmp: save_policy(acc.unwrap_model(self.policy), self.tokenizer, tmp,
-                                                      self.cfg.model, state))
+                                                      self.cfg.policy.model, state))
             save_merged(final, self.cfg)  # --merge-lora: OUT/final/merged
         acc.wait_for_everyone()  # OUT/final is complete before any process returns it
         return final
@@ -441,7 +441,7 @@ class Trainer:
                         step = back
                         bar.update(task, completed=back)
                         continue
-                if cfg.save_every and step % cfg.save_every == 0:
+                if cfg.run.save_every and step % cfg.run.save_every == 0:
                     self.checkpoint(step)
         self.lines = None
 
@@ -453,7 +453,7 @@ def run_training(cfg: TrainConfig, stop: Any = None, **kwargs: Any) -> Path:
     """Library entry point behind ``zsearch train``: build a Trainer and train it (``stop``:
     see :class:`Trainer`)."""
     main = os.environ.get("RANK", "0") == "0"  # under accelerate launch: one process prints
-    with heartbeat("train", f"loading {cfg.model} and the data", enabled=None if main else False):
+    with heartbeat("train", f"loading {cfg.policy.model} and the data", enabled=None if main else False):
         trainer = Trainer(cfg, **kwargs)
     trainer.stop = stop if stop is not None else active_stop()  # zsearch train / solve install one
     return trainer.train()

@@ -182,11 +182,11 @@ def rollout_tensors(m: StepModels, batch: StepBatch, cfg: TrainConfig, version: 
         inside = batch.within(micro, m.device)  # [b, t]
         if batch.ref_logp is not None:
             with reference_mode(m.accelerator.unwrap_model(m.reference)) as ref:
-                ref_logp, _ = policy_forward(ref, fb, cfg.temperature, top_p=cfg.top_p)
+                ref_logp, _ = policy_forward(ref, fb, cfg.rollout.temperature, top_p=cfg.rollout.top_p)
             batch.ref_logp[rows, :t] = torch.where(inside, ref_logp.float(), 0.0)
         if batch.fused:
             continue
-        logp, _ = policy_forward(m.policy, fb, cfg.temperature, top_p=cfg.top_p)  # [b, t]
+        logp, _ = policy_forward(m.policy, fb, cfg.rollout.temperature, top_p=cfg.rollout.top_p)  # [b, t]
         batch.old_logp[rows, :t] = torch.where(inside, logp.float(), 0.0)
         diff = (logp - batch.rows(batch.sampler_logp, micro).to(logp.device)).abs()
         same = fb.mask
@@ -302,8 +302,8 @@ def optimize(m: StepModels, spec: AlgoSpec, acfg: AlgoConfig, cfg: TrainConfig, 
     if getattr(acfg, "loss_agg", None) == "seq-mean-token-sum-norm" and acfg.loss_agg_norm is None:
         # Dr. GRPO's constant: one number for every micro-batch, step and process (the response
         # budget), never a micro-batch's own width; --algo-arg loss_agg_norm=N sets another.
-        acfg = dataclasses.replace(acfg, loss_agg_norm=float(cfg.max_context_tokens))
-    clip = cfg.max_grad_norm if cfg.max_grad_norm > 0 else float("inf")
+        acfg = dataclasses.replace(acfg, loss_agg_norm=float(cfg.rollout.max_context_tokens))
+    clip = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
     sums: dict[str, float] = {}
     updates = 0
     for epoch in range(cfg.ppo_epochs):
@@ -376,7 +376,7 @@ def _micro_step(m: StepModels, spec: AlgoSpec, acfg: AlgoConfig, cfg: TrainConfi
         adv = batch.advantages[torch.as_tensor(micro, dtype=torch.long, device=batch.advantages.device)]  # [b]
     sync = contextlib.nullcontext() if last else m.accelerator.no_sync(m.policy)
     with sync:
-        logp, entropy = policy_forward(m.policy, fb, cfg.temperature, entropy=True, top_p=cfg.top_p)
+        logp, entropy = policy_forward(m.policy, fb, cfg.rollout.temperature, entropy=True, top_p=cfg.rollout.top_p)
         if batch.fused:  # π_old is this very forward (one optimizer step): detached, ratio 1
             old = logp.detach().float()
             rows = torch.as_tensor(micro, dtype=torch.long, device=batch.old_logp.device)

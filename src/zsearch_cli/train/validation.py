@@ -21,7 +21,6 @@ per-dataset table compares with.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -43,7 +42,7 @@ class Validator:
     def __init__(self, cfg: TrainConfig, rows: list[QARow], sources: dict[str, str] | None = None):
         self.cfg = cfg
         self.rows = rows
-        self.dataset = Path(str(cfg.val_data).split(",")[0].strip()).name.split(".")[0]
+        self.dataset = Path(str(cfg.validation.val_data).split(",")[0].strip()).name.split(".")[0]
         self.sources = sources or {}
         """row id -> data_source, when the validation files hold several sources (else empty)."""
         self.engine: Any = None
@@ -54,11 +53,11 @@ class Validator:
     @classmethod
     def from_config(cls, cfg: TrainConfig) -> "Validator | None":
         """None when ``--val-data`` is not set."""
-        if not cfg.val_data:
+        if not cfg.validation.val_data:
             return None
-        rows = load_rows(cfg.val_data)
-        rows = rows[: cfg.val_limit] if cfg.val_limit is not None else rows
-        return cls(cfg, rows, _sources(cfg.val_data, {r.id for r in rows}))
+        rows = load_rows(cfg.validation.val_data)
+        rows = rows[: cfg.validation.val_limit] if cfg.validation.val_limit is not None else rows
+        return cls(cfg, rows, _sources(cfg.validation.val_data, {r.id for r in rows}))
 
     def attach(self, generation: Any, train_search: Any, accelerator: Any, batch_size: int) -> None:
         """Greedy engine over ``generation``; the training backend is reused when it is the
@@ -68,18 +67,18 @@ class Validator:
 
         cfg = self.cfg
         spec = validation_search(cfg)
-        if spec == cfg.search.strip() and not is_simulated(spec):
+        if spec == cfg.retrieval.search.strip() and not is_simulated(spec):
             self.search = train_search
         else:
             extra = {"seed": cfg.seed} if is_simulated(spec) else {}
-            self.search = make_search(dataclasses.replace(cfg, search=spec), **extra)
+            self.search = make_search(cfg, spec, **extra)
         self.engine = build_engine(cfg, backend=generation, search=self.search, temperature=0.0, top_p=1.0)
         self.accelerator = accelerator
         self.batch_size = max(1, batch_size)
 
     def due(self, step: int) -> bool:
         """After every ``--val-every`` steps, and after the last step (``step`` is 1-based)."""
-        every = self.cfg.val_every
+        every = self.cfg.validation.val_every
         return step == self.cfg.steps or (every > 0 and step % every == 0)
 
     def run(self, step: int) -> dict[str, float]:
@@ -89,7 +88,7 @@ class Validator:
         acc = self.accelerator
         rank, world = (acc.process_index, acc.num_processes) if acc is not None else (0, 1)
         self.search.progress(step - 1, self.cfg.steps)
-        examples, summary = evaluate_engine(self.engine, self.rows[rank::world], self.dataset, self.cfg.model,
+        examples, summary = evaluate_engine(self.engine, self.rows[rank::world], self.dataset, self.cfg.policy.model,
                                             self.batch_size)
         for ex in examples:
             if ex["id"] in self.sources:
@@ -107,13 +106,13 @@ class Validator:
         if not examples:
             return
         suffix = f".rank{rank}" if world > 1 else ""
-        path = Path(self.cfg.out) / "val" / f"step-{step:06d}{suffix}.examples.parquet"
+        path = Path(self.cfg.run.out) / "val" / f"step-{step:06d}{suffix}.examples.parquet"
         write_artifact(examples, path, EVAL_EXAMPLE, self.cfg.to_dict())
         if self.sources:  # one summary row per source: the per-dataset numbers
             by_source: dict[str, list[dict[str, Any]]] = {}
             for ex in examples:
                 by_source.setdefault(ex["dataset"], []).append(ex)
-            summaries = [summarize(rows_to_table(rows, EVAL_EXAMPLE, path), name, "agent", self.cfg.model)
+            summaries = [summarize(rows_to_table(rows, EVAL_EXAMPLE, path), name, "agent", self.cfg.policy.model)
                          for name, rows in by_source.items()]
             write_artifact(summaries, path.with_name(path.name.replace(".examples.", ".summary.")), EVAL_SUMMARY,
                            self.cfg.to_dict())

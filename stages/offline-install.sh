@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Install an offline kit made by stages/offline-wheels.sh, with no network:
+#
+#   bash KIT/offline-install.sh KIT [--python PYTHON]
+#
+# 1. checks every part listed in KIT/MANIFEST.sha256 (a missing or corrupted part is refused,
+#    by name, before anything is installed);
+# 2. checks that PYTHON is the kit's Python version and has the kit's torch, and that glibc is new
+#    enough for the kit's wheels;
+# 3. joins the parts, unpacks the wheels and checks each against kit.json;
+# 4. pip install --no-index --find-links of the kit's requirement (e.g. zsearch[gpu]==0.1.0):
+#    what PYTHON already has at a fitting version stays, the rest comes from the kit.
+# PYTHON defaults to $PYTHON, else python3. Needs only that Python with pip, and bash.
+set -euo pipefail
+
+die() { echo "offline-install: $*" >&2; exit 2; }
+[ $# -ge 1 ] || die "usage: offline-install.sh KIT_DIR [--python PYTHON]"
+KIT=$1; shift
+PY=${PYTHON:-python3}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --python) [ $# -ge 2 ] || die "--python needs a value"; PY=$2; shift 2 ;;
+    *) die "unknown option $1 (usage: offline-install.sh KIT_DIR [--python PYTHON])" ;;
+  esac
+done
+[ -f "$KIT/MANIFEST.sha256" ] || die "$KIT/MANIFEST.sha256 is missing: is $KIT a kit made by offline-wheels.sh?"
+[ -f "$KIT/kit.json" ] || die "$KIT/kit.json is missing: copy the whole kit folder"
+command -v "$PY" >/dev/null || die "--python $PY: not found"
+
+KIT_DIR=$KIT exec "$PY" - <<'PYEOF'
+import hashlib, json, os, platform, re, shutil, subprocess, sys, tarfile, tempfile
+from pathlib import Path
+
+kit_dir = Path(os.environ["KIT_DIR"])
+
+
+def die(msg):  # one line on stderr, exit status 2 as the shell part's
+    print(f"offline-install: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def sha256(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+# 1. the parts, against the manifest, before anything else
+parts = []
+for n, line in enumerate((kit_dir / "MANIFEST.sha256").read_text().splitlines(), 1):
+    if not line.strip():
+        continue
+    fields = line.split()
+    if len(fields) != 2 or len(fields[0]) != 64 or os.sep in fields[1]:
+        die(f"{kit_dir}/MANIFEST.sha256 line {n} is not 'SHA256  PART': {line!r}")
+    expected, part = fields[0], kit_dir / fields[1]
+    if not part.is_file():
+        die(f"part {part.name} is missing from {kit_dir}: copy it again (MANIFEST.sha256 lists it)")
+    got = sha256(part)
+    if got != expected:
+        die(f"part {part.name} is corrupted: sha256 {got[:16]}… but MANIFEST.sha256 says {expected[:16]}…; "
+            "copy it again")
+    parts.append(part)
+if not parts:
+    die(f"{kit_dir}/MANIFEST.sha256 lists no parts")
+print(f"offline-install: {len(parts)} parts verified", flush=True)
+
+# 2. this Python is the one the kit was resolved for
+kit = json.loads((kit_dir / "kit.json").read_text())
+here = f"{sys.version_info.major}.{sys.version_info.minor}"
+if here != kit["python"]:
+    die(f"the kit is for Python {kit['python']} but {sys.executable} is Python {here}: pass --python")
+needs = re.fullmatch(r"manylinux_(\d+)_(\d+)_\w+", kit.get("platform", ""))
+libc, libc_version = platform.libc_ver()
+if needs and libc == "glibc" and tuple(map(int, libc_version.split(".")[:2])) < (int(needs[1]), int(needs[2])):
+    die(f"the kit is for {kit['platform']} (glibc >= {needs[1]}.{needs[2]}) but this machine has glibc "
+        f"{libc_version}: make the kit again with --platform manylinux_{libc_version.replace('.', '_')}_x86_64")
+if kit.get("torch"):
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        torch_here = version("torch")
+    except PackageNotFoundError:
+        die(f"the kit needs the torch {kit['torch']} the target was said to have, and {sys.executable} has "
+            "no torch: install that first (the kit leaves torch out)")
+    if torch_here.split("+")[0] != kit["torch"].split("+")[0]:
+        die(f"the kit was resolved for torch {kit['torch']} but {sys.executable} has torch {torch_here}: "
+            "make the kit again with --torch " + torch_here.split("+")[0])
+
+
+# 3. join, unpack, check each wheel
+class Joined:
+    """The parts read back to back as one stream."""
+
+    def __init__(self, paths):
+        self.paths, self.file = list(paths), None
+
+    def read(self, size=-1):
+        out = b""
+        while size < 0 or len(out) < size:
+            if self.file is None:
+                if not self.paths:
+                    break
+                self.file = open(self.paths.pop(0), "rb")
+            chunk = self.file.read(-1 if size < 0 else size - len(out))
+            if not chunk:
+                self.file.close()
+                self.file = None
+                continue
+            out += chunk
+        return out
+
+
+unpacked = Path(tempfile.mkdtemp(prefix="kit-", dir=kit_dir))
+try:
+    with tarfile.open(fileobj=Joined(parts), mode="r|") as tar:
+        for member in tar:
+            if not member.isfile() or not member.name.startswith("wheels/") or "/" in member.name[7:] \
+                    or member.name[7:] in ("", ".", ".."):
+                die(f"the kit holds an unexpected entry {member.name!r}: refusing it")
+            with tar.extractfile(member) as src, open(unpacked / member.name[7:], "wb") as dst:
+                shutil.copyfileobj(src, dst)
+    for entry in kit["files"]:
+        path = unpacked / entry["name"]
+        if not path.is_file() or sha256(path) != entry["sha256"]:
+            die(f"{entry['name']} does not match kit.json after joining the parts: make the kit again")
+    print(f"offline-install: {len(kit['files'])} files unpacked and checked; installing {kit['install']}",
+          flush=True)
+
+    # 4. install, with no index at all
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(unpacked),
+                           "--progress-bar", "off", kit["install"]])
+    if done.returncode != 0:
+        die(f"pip could not install {kit['install']} from the kit (its reason above); if it names a missing "
+            "package, the target changed since the --have list was taken: make the kit again")
+finally:
+    shutil.rmtree(unpacked, ignore_errors=True)
+print(f"offline-install: installed {kit['install']} into {sys.executable}")
+PYEOF
