@@ -405,3 +405,39 @@ def test_wiki18_passages_are_served_byte_identical(tmp_path: Path, fmt: str) -> 
     served = {d["document"]["id"]: d["document"]["contents"] for hits in scored["result"] for d in hits}
     served.update({d["id"]: d["contents"] for d in bare["result"][0]})
     assert served == {str(i): c for i, c in enumerate(contents)}
+
+
+# ----------------------------------------------------------------------------- micro-batching
+
+
+def test_concurrent_small_requests_share_batched_searches_in_arrival_order(index: Any) -> None:
+    # 24 one-query requests arrive while a slow search runs: they queue and ride a few batched
+    # searches (not 24), each answer is exactly what it would be alone, topk never mixes, and a
+    # big request (over COALESCE_MAX_QUERIES) is searched on its own.
+    from zsearch_cli.retrieval.coalesce import COALESCE_MAX_QUERIES
+    from zsearch_cli.retrieval.sources import IndexSource
+
+    calls: list[int] = []
+
+    class SlowIndex(IndexSource):  # the real index, 0.2 s per call: a queue forms behind it
+        def search(self, queries, topk, fields):
+            calls.append(len(queries))
+            time.sleep(0.2)
+            return super().search(queries, topk, fields)
+
+    app = create_app(SlowIndex(index), cache_size=0)
+    qs = queries_for(11, 24)
+    with serving(app) as base, ThreadPoolExecutor(24) as pool:
+        def ask(i: int) -> Any:
+            body = {"queries": [qs[i]], "topk": 2 + i % 2, "return_scores": True}
+            return requests.post(base + "/retrieve", json=body, timeout=30).json()["result"][0]
+        answers = list(pool.map(ask, range(24)))
+        many = queries_for(3, COALESCE_MAX_QUERIES + 1)
+        big = requests.post(base + "/retrieve", json={"queries": many, "topk": 2}, timeout=30).json()["result"]
+    for i, hits in enumerate(answers):
+        alone = index.search([qs[i]], 2 + i % 2)[0]
+        assert [h["document"]["id"] for h in hits] == [p.id for p in alone]
+    coalescer = app.state.coalescer
+    assert coalescer.requests == 24 and coalescer.calls < 12, (coalescer.calls, calls)
+    # the big request's call holds its own (distinct) queries only, none of the queue's
+    assert max(calls[:-1]) > 1 and calls[-1] == len(set(many)) and len(big) == COALESCE_MAX_QUERIES + 1

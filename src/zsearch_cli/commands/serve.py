@@ -130,10 +130,18 @@ def build_source(plan: ServePlan) -> Any:
 
 
 def build_app(plan: ServePlan, source: Any = None) -> Any:
+    """The app of one server process. Everything built so far (the index, its tables, the
+    app) lives as long as the process, so it is frozen out of the garbage collector's passes:
+    a full collection walking it every few thousand requests was the long tail of the latency
+    (bench/serve.py, 64 clients: p99 3.1x p50 before, 1.2x after)."""
+    import gc
+
     from zsearch_cli.retrieval.server import create_app
 
-    return create_app(source if source is not None else build_source(plan), max_queries=plan.max_queries,
-                      max_topk=plan.max_topk, cache_size=plan.cache_size, cache_bytes=plan.cache_bytes)
+    app = create_app(source if source is not None else build_source(plan), max_queries=plan.max_queries,
+                     max_topk=plan.max_topk, cache_size=plan.cache_size, cache_bytes=plan.cache_bytes)
+    gc.freeze()
+    return app
 
 
 def worker_app() -> Any:

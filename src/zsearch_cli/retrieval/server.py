@@ -16,7 +16,8 @@ Design choices, and why:
   the error messages are ours (always ``{"error": "..."}``, never a 422 with a nested
   pydantic report or a 500 with a traceback) and the hot path skips model overhead.
 * All queries of a request go to the index in one batched ``search`` call, run in the
-  threadpool so a slow search never blocks the event loop (the index is thread-safe).
+  threadpool so a slow search never blocks the event loop (the index is thread-safe); small
+  requests that arrive together share one such call, in arrival order (:mod:`.coalesce`).
 * An LRU cache (:mod:`.cache`) keyed by ``(query, topk, index name, method)`` sits in front
   of the index; rollouts repeat queries a lot, and only the misses are searched, again in
   one batch. It is per process: ``zsearch serve --workers N`` has N of them.
@@ -43,6 +44,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.retrieval.base import Passage
 from zsearch_cli.retrieval.cache import DEFAULT_CACHE_BYTES, LRUCache, result_bytes
+from zsearch_cli.retrieval.coalesce import COALESCE_MAX_QUERIES, Coalescer
 
 log = logging.getLogger("zsearch.server")
 
@@ -226,6 +228,11 @@ def create_app(
     service = RetrievalService(index, method=method, cache_size=cache_size, cache_bytes=cache_bytes)
     app = FastAPI(title="zsearch retrieval server", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
+    # small requests to an index or a replica set (sources that read no request field beyond
+    # the queries and topk) ride shared batches (coalesce.py); the simulator merges its own,
+    # and SerpAPI has no batch to share
+    coalescer = Coalescer(service.search) if service.source.memory_cache else None
+    app.state.coalescer = coalescer
 
     def json_response(obj: Any, status: int = 200) -> Response:
         return Response(dumps(obj), status_code=status, media_type="application/json")
@@ -252,7 +259,10 @@ def create_app(
         try:
             body = await read_body(request)
             queries, topk, return_scores, fields = parse_request(body, max_queries, max_topk, max_results)
-            results, extra = await run_in_threadpool(service.search, queries, topk, fields)
+            if coalescer is not None and len(queries) <= COALESCE_MAX_QUERIES:
+                results, extra = await coalescer.search(queries, topk), None
+            else:
+                results, extra = await run_in_threadpool(service.search, queries, topk, fields)
             return json_response(render(results, return_scores, extra))
         except RequestError as err:
             return json_response({"error": err.message}, err.status)
