@@ -154,10 +154,11 @@ def test_two_workers_answer_byte_identically_to_one(demo_index: Path) -> None:
     with servers(("--index", str(demo_index)), ("--index", str(demo_index), "--workers", "2")) as started:
         (one, _), (two, _) = started
         pids = set()
-        for _ in range(100):  # a fresh connection each time: the kernel hands it to either worker
+        deadline = time.monotonic() + 60  # the second worker may still be loading the index
+        while len(pids) < 2 and time.monotonic() < deadline:
+            # a fresh connection each time: the kernel hands it to either worker
             pids.add(requests.get(two + "/health", timeout=10).json()["worker_pid"])
-            if len(pids) == 2:
-                break
+            time.sleep(0.02)
         assert len(pids) == 2, "the second worker never answered"
         bodies = [
             {"queries": queries(1, 2560), "topk": 3, "return_scores": True},  # Search-R1's GRPO batch
