@@ -103,7 +103,7 @@ def eval_(ctx: typer.Context, given: dict) -> None:
 
     opts, options = build(EvalOptions, given), resolved_options(ctx)
     if opts.predictions is not None:
-        score_predictions(opts.predictions, opts.qa, opts.out, options, opts.group_by, opts.pooled)
+        score_predictions(opts.predictions, opts.qa, opts.out, options, opts.data.group_by, opts.pooled)
     else:
         evaluate(opts, options)
 

@@ -38,8 +38,8 @@ def run_audit(opts: AuditOptions, config: dict[str, Any]) -> list[dict[str, Any]
     from zsearch_cli.retrieval.index import load_index
 
     index_dir, method = Path(opts.retrieval.index), opts.retrieval.method
-    files = dataset_files(opts.datasets, opts.data_dir, opts.download)
-    qa_tables, notes = split_by_group([(d, load_qa(d.path)) for d in files], opts.group_by, pooled=False)
+    files = dataset_files(opts.data.datasets, opts.data.data_dir, opts.data.download)
+    qa_tables, notes = split_by_group([(d, load_qa(d.path)) for d in files], opts.data.group_by, pooled=False)
     for line in notes:
         Console(stderr=True).print(line, markup=False, highlight=False)
     with heartbeat("audit", f"loading the index {index_dir}"):

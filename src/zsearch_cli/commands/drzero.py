@@ -37,7 +37,8 @@ from zsearch_cli.config.ranges import AT_LEAST_1, POSITIVE, Range
 
 from zsearch_cli.config.fields import Record, check_option_ranges, option, part
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.config.parts import ModelOptions, OptimConfig, ProposerOptions, RolloutOptions, RunConfig, SearchConfig, Seeded
+from zsearch_cli.config.parts import (DatasetOptions, ModelOptions, OptimConfig, ProposerOptions, RolloutOptions, RunConfig,
+                                      SearchConfig, Seeded)
 from zsearch_cli.presets import PRESETS
 
 LINEAGE = "lineage.json"
@@ -248,7 +249,8 @@ class Loop:
 
         o = self.opts
         summaries = evaluate(EvalOptions(
-            datasets=o.eval_datasets, data_dir=Path(o.eval_data_dir), out=Path(rec["out"]), limit=o.eval_limit,
+            data=DatasetOptions(datasets=o.eval_datasets, data_dir=Path(o.eval_data_dir)), out=Path(rec["out"]),
+            limit=o.eval_limit,
             policy=replace(o.policy, model=rec["model"]), retrieval=o.retrieval,
             # greedy, as `zsearch eval` scores
             rollout=replace(o.rollout, protocol="tool_call", max_context_tokens=o.solver_context_tokens,

@@ -209,9 +209,9 @@ def evaluate(opts: EvalOptions, config: dict[str, Any]) -> list[dict[str, Any]]:
     if opts.method not in METHODS:
         raise ZsearchError(f"unknown --method {opts.method!r}: use one of {', '.join(METHODS)}")
     plan = ProbePlan(opts)
-    files = dataset_files(opts.datasets, opts.data_dir, opts.download)
+    files = dataset_files(opts.data.datasets, opts.data.data_dir, opts.data.download)
     # validate everything before loading a model
-    qa_tables, notes = split_by_group([(d, load_qa(d.path)) for d in files], opts.group_by, opts.pooled)
+    qa_tables, notes = split_by_group([(d, load_qa(d.path)) for d in files], opts.data.group_by, opts.pooled)
     for line in notes:
         console.print(line, markup=False, highlight=False)
     protocols = {d.key: eval_protocol(opts, d, qa.num_rows) for d, qa in qa_tables}

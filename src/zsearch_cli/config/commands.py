@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Optional
 
 from zsearch_cli.config.fields import Options, option, part
-from zsearch_cli.config.parts import (ModelOptions, ProposerOptions, RetrievalOptions, RolloutOptions, SearchConfig,
-                                      Seeded, SimOptions, Subset)
+from zsearch_cli.config.parts import (DatasetOptions, ModelOptions, ProposerOptions, RetrievalOptions, RolloutOptions,
+                                      SearchConfig, Seeded, SimOptions, Subset)
 from zsearch_cli.config.ranges import AT_LEAST_0, AT_LEAST_1, FRACTION, POSITIVE, Range
 
 
@@ -141,14 +141,8 @@ class EvalOptions(Seeded, Subset):
     policy: ModelOptions = part(ModelOptions, exclude=("dtype",))
     retrieval: SearchConfig = part(SearchConfig)
     rollout: RolloutOptions = part(RolloutOptions, temperature=0.0)
+    data: DatasetOptions = part(DatasetOptions)
 
-    datasets: str = "demo"
-    """demo (bundled test split), all (the seven benchmarks), a comma list, or QA files. Keys: nq/test
-    under --data-dir, else the file's path."""
-    data_dir: Path = Path("data")
-    """Benchmark files, FlashRAG layout: DATA_DIR/nq/test.jsonl."""
-    download: bool = False
-    """Fetch missing benchmark files from the FlashRAG hub dataset (network)."""
     out: Path = option(Path("runs/eval"), flags=("--out", "-o"), aliases=("output_dir",))
     """Output directory: OUT/KEY/METHOD.*.parquet; a rerun reuses rows only under equal options."""
     method: str = "agent"
@@ -159,9 +153,6 @@ class EvalOptions(Seeded, Subset):
     """Score this predictions file (id, prediction[, golden_answers]) instead of a model [none]."""
     qa: Optional[Path] = None
     """With --predictions: QA file to join golden answers from by id [none: the predictions file's]."""
-    group_by: str = "data_source"
-    """Score each value of this column (or metadata key) as its own dataset, KEY/VALUE, when a file
-    holds several (Search-R1's merged test file); none = never split."""
     pooled: bool = False
     """Also score each split file as one pooled dataset, KEY/pooled."""
     probe: Optional[str] = None
@@ -307,15 +298,8 @@ class AuditOptions(Subset):
     """``zsearch audit``: what a QA set can score on a corpus (docs/audit.md)."""
 
     retrieval: RetrievalOptions = part(RetrievalOptions)
+    data: DatasetOptions = part(DatasetOptions)
 
-    datasets: str = "demo"
-    """demo, all, a comma list, or QA files, keyed as `zsearch eval` keys them."""
-    data_dir: Path = Path("data")
-    """Benchmark files, FlashRAG layout: DATA_DIR/nq/test.jsonl."""
-    download: bool = False
-    """Fetch missing benchmark files from the FlashRAG hub dataset (network)."""
-    group_by: str = "data_source"
-    """Audit each value of this column (or metadata key) as its own dataset, as `zsearch eval` does."""
     out: Optional[Path] = option(None, flags=("--out", "-o"), aliases=("output_dir",))
     """Output directory: OUT/KEY/audit.{examples,summary}.parquet [INDEX/audit, where `zsearch eval`
     looks for it]."""

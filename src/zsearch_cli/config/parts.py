@@ -181,3 +181,19 @@ class ProposerOptions:
     """Solver answers per question (n of the difficulty reward)."""
     hop_ratio: str = "4:3:2:1"
     """Ratio of 1:2:3:4-hop questions."""
+
+
+@dataclass(kw_only=True)
+class DatasetOptions:
+    """The QA sets a command reads, keyed as `zsearch eval` keys them (eval, audit)."""
+
+    datasets: str = "demo"
+    """demo (bundled test split), all (the seven benchmarks), a comma list, or QA files. Keys: nq/test
+    under --data-dir, else the file's path."""
+    data_dir: Path = Path("data")
+    """Benchmark files, FlashRAG layout: DATA_DIR/nq/test.jsonl."""
+    download: bool = False
+    """Fetch missing benchmark files from the FlashRAG hub dataset (network)."""
+    group_by: str = "data_source"
+    """Treat each value of this column (or metadata key) as its own dataset, KEY/VALUE, when a file
+    holds several (Search-R1's merged test file); none = never split."""
