@@ -17,7 +17,6 @@ share (the sample record, the finisher, the search side trips) is in ``state.py`
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from zsearch_cli.errors import ZsearchError
