@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.zsearch-setup
 
-.PHONY: setup setup-vllm test test-main test-vllm demo bench clean
+.PHONY: setup setup-vllm test test-main test-vllm demo overfit bench clean
 
 setup: $(STAMP)
 
@@ -60,6 +60,10 @@ endif
 
 demo: setup
 	PATH=$(abspath $(VENV))/bin:$$PATH bash stages/quickstart.sh
+
+# RL that visibly moves smollm2-warm on CPU (~50 min on 2 idle cores; README, "Overfit check").
+overfit: setup
+	PATH=$(abspath $(VENV))/bin:$$PATH bash stages/overfit.sh
 
 bench: setup
 	$(PY) bench/bm25.py

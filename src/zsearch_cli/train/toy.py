@@ -26,6 +26,19 @@ tokens (~45 tokens in all); actor lr 1e-3 with a 10% lr warmup, so the first 5 s
 the warm-up's policy; and the warm-up must leave a weak copy for all four words, or RL
 stalls at 0.5 or 0.75 on the words it copies. With 48 items instead of 512 the control rose
 by 0.1-0.14 (memorising items), hence the large item set.
+
+Real-tokenizer variant (``--real-tokenizer``; ``warm_toy_model(root, tokenizer=smollm2_tokenizer())``,
+issue 29): the same task on a random tiny Llama sized to smollm2's REAL tokenizer (49152 ids,
+tied embeddings) with smollm2's REAL chat template (a default system turn, ``<|im_start|>``
+headers) and the tags as plain text, 3 tokens each. Why: the tiny BPE above has the tags as
+single special ids and a template of our own, so a loss mask shifted by one over real text, a
+template boundary that retokenizes or multi-token stop strings cannot go wrong there. The
+49k-wide LM head makes every step ~30x dearer on a CPU, and copying the passage needs far more
+warm-up than a CI test can spend, so this variant learns the word, not the copy: every item's
+code is REAL["code"], the warm-up (REAL's SFT settings, SFT_COPY 0) teaches the format with a
+uniformly random word (~0.25), and RL runs REAL["rl"] (16 steps, 4 x 4 samples, lr 1e-3 ramped
+over 8 steps so the first 5 steps measure the warm-up). Measured (seed 0): 0.350 -> 0.963; with
+the advantage's sign flipped 0.212 -> 0.000.
 """
 
 from __future__ import annotations
@@ -49,6 +62,8 @@ WARMUP = 0.1
 SFT_STEPS = 200
 SFT_BATCH = 64
 SFT_COPY = 0.3
+REAL = {"code": "river", "sft_steps": 20, "sft_batch": 16, "sft_lr": 1e-2,  # the real-tokenizer variant
+        "rl": {"steps": 16, "lr": 1e-3, "warmup_ratio": 0.5, "batch_size": 4}}  # run_toy overrides
 ALGOS = {  # the overrides each algorithm's run adds to run_toy's defaults
     "reinforce": {},
     "grpo": {"beta": 0.001},  # with a frozen reference and the k3 KL term
@@ -66,11 +81,12 @@ def codes() -> list[str]:
     return out
 
 
-def toy_rows() -> list[Any]:
+def toy_rows(code: str | None = None) -> list[Any]:
+    """The N_ITEMS rows, coded by :func:`codes`, or all by ``code`` (the real-tokenizer variant)."""
     from zsearch_cli.rollout.engine import QARow
 
-    return [QARow(f"item-{i}", f"what is the code of item {i}?", [code], prompt=f"item {i} code?")
-            for i, code in enumerate(codes())]
+    return [QARow(f"item-{i}", f"what is the code of item {i}?", [code or c], prompt=f"item {i} code?")
+            for i, c in enumerate(codes())]
 
 
 class OracleSearch(SearchBackend):
@@ -93,23 +109,31 @@ class OracleSearch(SearchBackend):
         self.seen_progress.append((step, total))
 
 
-def warm_toy_model(root: Path) -> tuple[Path, list[Any]]:
+def warm_toy_model(root: Path, tokenizer: Any = None) -> tuple[Path, list[Any]]:
     """(SFT-warmed tiny model folder ROOT/sft, QA rows): a fresh seeded tiny model, then the
     format warm-up. Teacher forcing goes through the trainer's own collate/logprob code, with
     mask-0 observations as in RL; the answer copies the passage's word with probability
-    SFT_COPY, else it is a uniformly random code word."""
+    SFT_COPY, else it is a uniformly random code word. With ``tokenizer`` (a tokenizer or its
+    folder, e.g. ``smollm2_tokenizer()``): the real-tokenizer variant (module docstring),
+    a tiny model sized to that tokenizer, with its chat template, and the REAL settings."""
     import torch
 
     from zsearch_cli.models.hf import HFBackend
     from zsearch_cli.models.loading import load_model
-    from zsearch_cli.models.tiny import make_tiny_model
+    from zsearch_cli.models.tiny import make_tiny_model, make_tiny_model_with_tokenizer
     from zsearch_cli.rollout.engine import RolloutEngine
     from zsearch_cli.rollout.protocols import TagsProtocol
     from zsearch_cli.train.logprobs import collate, policy_forward
 
-    rows = toy_rows()
-    words = " ".join(f"the code is {c} . <answer> {c} </answer>" for c in CODES * 20)
-    base = make_tiny_model(root / "base", seed=0, corpus_text=words)
+    real = tokenizer is not None
+    rows = toy_rows(REAL["code"] if real else None)
+    sft_steps, sft_batch, sft_lr, sft_copy = ((REAL["sft_steps"], REAL["sft_batch"], REAL["sft_lr"], 0.0) if real
+                                              else (SFT_STEPS, SFT_BATCH, 3e-3, SFT_COPY))
+    if not real:
+        words = " ".join(f"the code is {c} . <answer> {c} </answer>" for c in CODES * 20)
+        base = make_tiny_model(root / "base", seed=0, corpus_text=words)
+    else:
+        base = make_tiny_model_with_tokenizer(root / "base", tokenizer, seed=0)
     torch.manual_seed(0)
     model, tok = load_model(str(base), device="cpu", trainable=True)
     search = OracleSearch()
@@ -122,11 +146,11 @@ def warm_toy_model(root: Path) -> tuple[Path, list[Any]]:
         passages = search.search([SearchRequest("code", r.id, r.question, tuple(r.golden_answers))], 1)[0].passages
         examples.append((engine.encode_prompt(r), engine._encode(engine.protocol.render_observation([passages])),
                          r.golden_answers[0]))
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(SFT_STEPS):
+    opt = torch.optim.Adam(model.parameters(), lr=sft_lr)
+    for _ in range(sft_steps):
         batch = []
-        for prompt, obs, gold in rng.sample(examples, SFT_BATCH):
-            answer = answers[gold if rng.random() < SFT_COPY else rng.choice(CODES)]
+        for prompt, obs, gold in rng.sample(examples, sft_batch):
+            answer = answers[gold if rng.random() < sft_copy else rng.choice(CODES)]
             batch.append(SimpleNamespace(prompt_ids=prompt, response_ids=search_ids + obs + answer,
                                          loss_mask=[1] * len(search_ids) + [0] * len(obs) + [1] * len(answer)))
         b = collate(batch, tok.pad_token_id, "cpu")
@@ -172,18 +196,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--algo", choices=sorted(ALGOS), default="grpo")
     parser.add_argument("--out", type=Path, default=Path("runs/toy"), help="OUT/sft (warm-up), OUT/ALGO (the RL run)")
     parser.add_argument("--control", action="store_true", help="the passage names a random word: no rise expected")
+    parser.add_argument("--real-tokenizer", action="store_true",
+                        help="the real-tokenizer variant: smollm2's tokenizer and chat template, one code word (GRPO)")
     args = parser.parse_args(argv)
     import torch
 
     torch.set_num_threads(min(2, torch.get_num_threads()))
     print(f"task: {TASK}{' [CONTROL: the passage names a random word]' if args.control else ''}")
     start = time.monotonic()
-    model, rows = warm_toy_model(args.out)
-    print(f"format warm-up: {SFT_STEPS} SFT steps -> {model} ({time.monotonic() - start:.0f} s)")
+    tokenizer = None
+    if args.real_tokenizer:
+        from zsearch_cli.models.tiny import smollm2_tokenizer
+
+        tokenizer = smollm2_tokenizer()
+        print(f"real-tokenizer variant: smollm2's tokenizer and chat template; every code is {REAL['code']!r}")
+    model, rows = warm_toy_model(args.out, tokenizer=tokenizer)
+    sft_steps = REAL["sft_steps"] if tokenizer is not None else SFT_STEPS
+    print(f"format warm-up: {sft_steps} SFT steps -> {model} ({time.monotonic() - start:.0f} s)")
     start = time.monotonic()
-    metrics = run_toy(args.algo, model, rows, args.out / args.algo, OracleSearch(shuffle=args.control))
+    overrides = REAL["rl"] if tokenizer is not None else {}
+    metrics = run_toy(args.algo, model, rows, args.out / args.algo, OracleSearch(shuffle=args.control), **overrides)
     first, last = rise(metrics)
-    print(f"{args.algo}: {STEPS} steps in {time.monotonic() - start:.0f} s; "
+    print(f"{args.algo}: {len(metrics)} steps in {time.monotonic() - start:.0f} s; "
           f"mean reward first 5 steps {first:.3f} -> last 5 steps {last:.3f} (rise {last - first:+.3f})")
     print(f"metrics: {args.out / args.algo / 'metrics.parquet'} (zsearch plot {args.out / args.algo})")
     return 0
