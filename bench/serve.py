@@ -94,7 +94,7 @@ def prepare(name: str, rows: list[dict], queries: list[str], work: Path) -> dict
 def corpora(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
     bp = _bench_pyserini()
     rows, questions = bp.demo_data()
-    out = [prepare("demo corpus", rows, questions, root / "demo")]
+    out = [] if args.no_demo else [prepare("demo corpus", rows, questions, root / "demo")]
     if args.big:
         work = root / f"synthetic-{args.big}"
         if (work / "zsearch-index").exists():  # reuse: only the queries are needed
@@ -301,6 +301,7 @@ def main() -> None:
     ap.add_argument("--workers", default="1,2", help="comma list of zsearch serve --workers")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds before a request counts as failed")
     ap.add_argument("--big", type=int, default=0, help="also a synthetic corpus of this many passages (e.g. 1000000)")
+    ap.add_argument("--no-demo", action="store_true", help="skip the bundled demo corpus (with --big: only that one)")
     ap.add_argument("--workdir", type=Path, default=None, help="keep corpora and indexes here (reused on rerun)")
     ap.add_argument("--search-r1", default=None, help="a Search-R1 checkout, to run its retrieval_server.py too")
     ap.add_argument("--search-r1-python", default=os.environ.get("SEARCH_R1_PYTHON", "/work/pyserini-venv/bin/python"))

@@ -16,6 +16,7 @@
 #   ALGO=dspo bash stages/overfit.sh          # DSPO
 #   SELECT=1 bash stages/overfit.sh           # re-pick the questions first (zsearch collect, below)
 #   STEPS=100 DEVICE=cuda bash stages/overfit.sh
+#   TRAIN_ARGS="--max-gen-batches 3" ALGO=dspo bash stages/overfit.sh   # any other train flag
 set -euo pipefail
 
 OUT=${OUT:-runs/overfit}
@@ -42,6 +43,7 @@ SELECT=${SELECT:-0}
 SELECT_FROM=${SELECT_FROM:-32} # SELECT=1: sample the first N train questions ...
 SELECT_SAMPLES=${SELECT_SAMPLES:-8} # ... this many times each
 STRICT=${STRICT:-1}           # exit 1 when a goal is missed
+read -r -a EXTRA <<< "${TRAIN_ARGS:-}"  # more `zsearch train` flags, e.g. TRAIN_ARGS="--max-gen-batches 3"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 PY=${PYTHON:-python}
 START=$SECONDS
@@ -76,7 +78,7 @@ zsearch train --algo "$ALGO" --model "$MODEL" --index "$INDEX" --train-data "$QU
   --steps "$STEPS" --batch-size "$BATCH" --group-size "$GROUP" --lr "$LR" --lr-schedule "$LR_SCHEDULE" \
   --warmup-ratio "$WARMUP_RATIO" --min-lr-ratio "$MIN_LR_RATIO" --lora-r "$LORA_R" \
   --lora-alpha "$LORA_ALPHA" --max-turns "$MAX_TURNS" --max-turn-tokens "$TURN_TOKENS" --seed "$SEED" \
-  --device "$DEVICE" --save-every 1 --keep-checkpoints 2 --resume --guard
+  --device "$DEVICE" --save-every 1 --keep-checkpoints 2 --resume --guard ${EXTRA[@]+"${EXTRA[@]}"}
 zsearch plot "$OUT/train" --title "$ALGO from $MODEL, $(wc -l < "$QUESTIONS" | tr -d ' ') train questions ($STEPS steps)"
 
 echo "== 4. after: the trained model, greedy, on the same questions"

@@ -101,7 +101,8 @@ def test_the_recipe_runs_end_to_end_on_the_tiny_model(tiny_model_dir, demo_index
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
            "OUT": str(out), "INDEX": str(demo_index), "MODEL": str(tiny_model_dir), "QUESTIONS": str(questions),
            "HELDOUT": str(questions), "STEPS": "10", "BATCH": "2", "GROUP": "2", "LORA_R": "4", "TURN_TOKENS": "6",
-           "MAX_TURNS": "1", "DEVICE": "cpu", "OMP_NUM_THREADS": "1", "PYTHON": sys.executable}
+           "MAX_TURNS": "1", "DEVICE": "cpu", "OMP_NUM_THREADS": "1", "PYTHON": sys.executable,
+           "TRAIN_ARGS": "--max-grad-norm 0.5 --micro-batch-size 2"}
     proc = subprocess.run(["bash", str(REPO / "stages" / "overfit.sh")], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -113,3 +114,4 @@ def test_the_recipe_runs_end_to_end_on_the_tiny_model(tiny_model_dir, demo_index
     assert sorted(p.name for p in (out / "train" / "checkpoints").iterdir()) == ["step-10", "step-9"]
     config = (out / "train" / "config.yaml").read_text()
     assert "lora_r: 4" in config and "save_every: 1" in config and "guard: true" in config
+    assert "max_grad_norm: 0.5" in config and "micro_batch_size: 2" in config  # TRAIN_ARGS reached train
