@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.train.overfit import mixed_questions, report, select
+from zsearch_cli.train.overfit import mixed_questions, report, select, table
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -86,6 +86,13 @@ def test_report_checks_each_goal(tmp_path):
     bad = report(_run_folder(tmp_path / "flat", flat, em), wall_s=3000)
     assert [ok for ok in bad["goals"].values()] == [False, True, True, True]
     assert not report(tmp_path / "ok", wall_s=3660)["goals"]["wall time <= 60 min"]
+    # No reference (DSPO's beta 0): the KL is null in the JSON and said so in the table.
+    no_kl = _run_folder(tmp_path / "dspo", rewards, em)
+    pq.write_table(pq.read_table(no_kl / "train" / "metrics.parquet").drop(["actor/kl_ref"]),
+                   no_kl / "train" / "metrics.parquet")
+    s = report(no_kl, wall_s=3000)
+    assert s["kl_ref_last"] is None and json.loads((no_kl / "summary.json").read_text())["kl_ref_last"] is None
+    assert "not computed (beta 0" in table(s)
     with pytest.raises(ZsearchError, match="needs 10"):
         report(_run_folder(tmp_path / "short", rewards[:9], em), wall_s=1)
 

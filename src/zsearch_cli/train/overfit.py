@@ -125,6 +125,9 @@ def report(out: Path, wall_s: float) -> dict[str, Any]:
         "held-out EM falls by at most one question": s["em_heldout_after"] >= s["em_heldout_before"] - 1 / heldout_n - 1e-9,
         f"wall time <= {WALL_LIMIT_S / 60:.0f} min": wall_s <= WALL_LIMIT_S,
     }
+    for key in ("kl_ref_last", "kl_ref_last_median"):  # no reference (beta 0): null, not NaN, in the JSON
+        if s[key] != s[key]:
+            s[key] = None
     tmp = out / "summary.json.tmp"
     tmp.write_text(json.dumps(s, indent=2) + "\n")
     tmp.replace(out / "summary.json")
@@ -133,12 +136,13 @@ def report(out: Path, wall_s: float) -> dict[str, Any]:
 
 def table(s: dict[str, Any]) -> str:
     """The README's table of a :func:`report`."""
+    kl = (f"{s['kl_ref_last']:.3g} ({s['kl_ref_last_median']:.3g})" if s["kl_ref_last"] is not None
+          else "not computed (beta 0: no reference, DSPO's default)")
     lines = ["| measure | before | after |", "|---|---|---|",
              f"| training reward, mean of the first vs the last {WINDOW} steps | {s['reward_first']:.3f} | {s['reward_last']:.3f} |",
              f"| greedy EM, the {s['trained_n']} trained questions | {s['em_trained_before']:.3f} | {s['em_trained_after']:.3f} |",
              f"| greedy EM, the {s['heldout_n']} held-out test questions | {s['em_heldout_before']:.3f} | {s['em_heldout_after']:.3f} |",
-             f"| KL to the reference, the last {WINDOW} steps: mean (median) | 0 | {s['kl_ref_last']:.3g} "
-             f"({s['kl_ref_last_median']:.3g}) |",
+             f"| KL to the reference, the last {WINDOW} steps: mean (median) | 0 | {kl} |",
              "", f"{s['steps']} steps, training {s['train_s'] / 60:.1f} min, the whole recipe {s['wall_s'] / 60:.1f} min.", ""]
     lines += [f"- [{'x' if ok else ' '}] {goal}" for goal, ok in s["goals"].items()]
     return "\n".join(lines)
