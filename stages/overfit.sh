@@ -12,7 +12,7 @@
 # A checkpoint is written every step and the evals keep what they scored: a stopped run goes
 # on where it was when started again (the wall time printed is then that of the last part).
 #
-#   bash stages/overfit.sh                    # GRPO, CPU-sized defaults (~55 min on 2 idle cores)
+#   bash stages/overfit.sh                    # GRPO, CPU-sized defaults (48.5 min measured on 2 idle cores)
 #   ALGO=dspo bash stages/overfit.sh          # DSPO
 #   SELECT=1 bash stages/overfit.sh           # re-pick the questions first (zsearch collect, below)
 #   STEPS=100 DEVICE=cuda bash stages/overfit.sh
