@@ -10,6 +10,7 @@ formatting, stop strings) behave as they do with a real model.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 EOS_TOKEN = "<|endoftext|>"
 PAD_TOKEN = "<|pad|>"
@@ -115,7 +116,6 @@ def make_tiny_model(
     is what the main suite uses; vLLM's CPU attention needs ``head_dim >= 32``, so its tests
     pass :data:`VLLM_CPU_HEADS` (2 heads of 32, one KV head).
     """
-    import torch
     from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
     out = Path(dir)
@@ -152,13 +152,7 @@ def make_tiny_model(
         eos_token_id=eos_id,
         pad_token_id=pad_id,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
-    model.generation_config = GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    return out
+    return _save_seeded(Qwen2ForCausalLM, config, tokenizer, seed, GenerationConfig(eos_token_id=eos_id, pad_token_id=pad_id), out)
 
 
 def smollm2_tokenizer() -> object:
@@ -199,7 +193,6 @@ def make_tiny_model_with_tokenizer(
     :func:`smollm2_tokenizer`. The embeddings are tied, so with smollm2's 49152-token
     vocabulary and 64 dims the model has ~3.2M parameters (12 MB). Seeded weights.
     """
-    import torch
     from transformers import AutoTokenizer, GenerationConfig, LlamaConfig, LlamaForCausalLM
 
     out = Path(dir)
@@ -224,10 +217,18 @@ def make_tiny_model_with_tokenizer(
         eos_token_id=eos_ids[0],
         pad_token_id=pad_id,
     )
+    return _save_seeded(LlamaForCausalLM, config, tok, seed, GenerationConfig(eos_token_id=eos_ids, pad_token_id=pad_id), out)
+
+
+def _save_seeded(model_class: Any, config: Any, tokenizer: Any, seed: int, generation: Any, out: Path) -> Path:
+    """Build ``model_class(config)`` with seeded weights (without touching the global RNG),
+    save it as safetensors with ``generation`` and ``tokenizer`` to ``out``; return ``out``."""
+    import torch
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = LlamaForCausalLM(config)
-    model.generation_config = GenerationConfig(eos_token_id=eos_ids, pad_token_id=pad_id)
+        model = model_class(config)
+    model.generation_config = generation
     model.save_pretrained(out, safe_serialization=True)
-    tok.save_pretrained(out)
+    tokenizer.save_pretrained(out)
     return out
