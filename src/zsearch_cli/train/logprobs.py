@@ -1,10 +1,19 @@
-"""From trajectories to per-token tensors: right-padded batches, response logprobs, values.
+"""From trajectories to per-token tensors: right-padded or packed batches, response logprobs, values.
 
-Layout: each row is ``prompt_ids + response_ids`` right-padded to the longest row, run in
-one forward. Response token t of row i sits at position P_i + t and is predicted by the
-logits at P_i + t − 1, so ``resp_pos[i, t] = P_i + t − 1``; everything is returned in the
-response frame ``[B, T]`` (T = longest response), which is the frame ``algos/`` works in.
-``mask`` there is the trajectory's loss mask (1 = sampled by the policy) and 0 on padding.
+Two layouts of the same samples, one forward each (docs/methods.md §8.3):
+
+- **Padded**: each row is ``prompt_ids + response_ids`` right-padded to the longest row.
+  Response token t of sample i sits at position P_i + t and is predicted by the logits at
+  P_i + t − 1, so ``resp_pos[i, t] = P_i + t − 1``.
+- **Packed**: the samples are concatenated into one row with ``position_ids`` restarting at 0
+  at each sample and no attention mask; transformers reads the restarts as sample boundaries
+  and confines attention to each sample (``masking_utils.find_packed_sequence_indices`` for
+  sdpa/eager/flex, ``cu_seqlens`` for flash-attention's varlen kernels). Sample i starts at
+  offset o_i, so ``resp_pos[i, t] = o_i + P_i + t − 1``.
+
+Everything is returned in the response frame ``[B, T]`` (T = longest response), the frame
+``algos/`` works in. ``mask`` there is the trajectory's loss mask (1 = sampled by the policy)
+and 0 on padding.
 """
 
 from __future__ import annotations
@@ -21,17 +30,50 @@ from zsearch_cli.models.nucleus import nucleus_mask
 
 @dataclass
 class Batch:
-    input_ids: Tensor  # [B, L] long, right-padded
-    attention_mask: Tensor  # [B, L] long
-    resp_pos: Tensor  # [B, T] long: the logit position that predicts response token t
+    input_ids: Tensor  # [B, L] long, right-padded; packed: [1, S], the samples back to back
+    attention_mask: Tensor | None  # [B, L] long; packed: None (position_ids mark the samples)
+    resp_pos: Tensor  # [B, T] long: the position (in its row) of the logit that predicts response token t
     targets: Tensor  # [B, T] long: the response token ids (pad where t >= R_i)
     mask: Tensor  # [B, T] bool: loss mask I_t (False on observations and padding)
     keep_from: int = 0
     """First position whose logits are needed (min_i P_i − 1): the LM head skips the prompts."""
+    position_ids: Tensor | None = None
+    """Packed only: [1, S] long, 0, 1, ... restarting at each sample."""
 
     @property
     def size(self) -> int:
-        return self.input_ids.shape[0]
+        """B, the samples (not the rows: a packed batch has one row)."""
+        return self.resp_pos.shape[0]
+
+    @property
+    def packed(self) -> bool:
+        return self.position_ids is not None
+
+    def model_inputs(self) -> dict[str, Tensor | None]:
+        """What the model is called with: the padded rows and their mask, or the packed row and
+        its restarting positions (and no mask, which is how transformers detects packing)."""
+        if self.packed:
+            return {"input_ids": self.input_ids, "position_ids": self.position_ids, "attention_mask": self.attention_mask}
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+
+
+def pack(seqs: Sequence[Tensor], prompt_lengths: Sequence[int], t_width: int, targets: Tensor, mask: Tensor) -> Batch:
+    """Concatenate 1-D ``prompt + response`` id tensors into one packed row.
+
+    ``targets``/``mask``: [B, t_width], the samples' response frame (as the padded layout's)."""
+    lengths = [int(s.numel()) for s in seqs]
+    device = seqs[0].device
+    offsets = [0]
+    for n in lengths[:-1]:
+        offsets.append(offsets[-1] + n)
+    input_ids = torch.cat(list(seqs))[None]  # [1, S]
+    position_ids = torch.cat([torch.arange(n, device=device) for n in lengths])[None]  # [1, S]
+    resp_pos = torch.zeros((len(seqs), t_width), dtype=torch.long, device=device)  # [B, T]
+    for i, (o, p, n) in enumerate(zip(offsets, prompt_lengths, lengths)):
+        r = n - p
+        resp_pos[i, :r] = torch.arange(o + p - 1, o + p - 1 + r, device=device)
+        resp_pos[i, r:] = o  # padding of the response frame: any valid position (masked)
+    return Batch(input_ids, None, resp_pos, targets, mask, keep_from=0, position_ids=position_ids)
 
 
 def pad_rows(rows: Sequence[Tensor], width: int, value: float = 0.0, dtype: torch.dtype | None = None) -> Tensor:
@@ -74,14 +116,25 @@ def collate(trajs: Sequence[TokenSequence], pad_id: int, device: torch.device | 
                  keep_from)
 
 
+def at_least_fp32(x: Tensor) -> Tensor:
+    """bf16/fp16 logits in fp32 for the softmax; fp32 and fp64 as they are (the fp64 tests
+    compare paths to 1e-10, which an fp32 cast would hide)."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
 def response_logits(model: Any, batch: Batch, only: Tensor | None = None) -> Tensor:
     """The logits that predict each response token: [B, T, V] (model dtype), or with ``only``
     ([B, T] bool) those of the selected positions alone, [M, V] in row-major order.
 
     The LM head runs only from ``keep_from`` on (``logits_to_keep``): prompt positions need no
-    logits, and on a 49k-vocabulary model they are most of the head's time and memory."""
+    logits, and on a 49k-vocabulary model they are most of the head's time and memory. Packed,
+    it runs on the needed positions alone (``logits_to_keep`` as a tensor of positions)."""
+    if batch.packed:
+        keep = batch.resp_pos[only] if only is not None else batch.resp_pos.reshape(-1)  # [M] or [B*T]
+        logits = model(**batch.model_inputs(), use_cache=False, logits_to_keep=keep).logits[0]  # [M or B*T, V]
+        return logits if only is not None else logits.view(*batch.resp_pos.shape, -1)
     width = batch.input_ids.shape[1]
-    logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
+    logits = model(**batch.model_inputs(), use_cache=False,
                    logits_to_keep=width - batch.keep_from).logits  # [B, L - keep_from, V]
     pos = (batch.resp_pos - batch.keep_from).clamp_min(0)  # [B, T]
     rows = torch.arange(batch.size, device=logits.device)[:, None].expand_as(pos)  # [B, T]
@@ -101,7 +154,7 @@ def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0, to
     mass) per token, a bias and not a policy change (docs/methods.md §4.1). The sampled token
     is always kept in the support: it was sampled, so it lay inside the sampler's nucleus, and
     a kernel-level rounding gap at the boundary must not give it probability 0 (−inf)."""
-    z = logits.float()
+    z = at_least_fp32(logits)
     if temperature != 1.0:
         z = z / temperature
     if top_p < 1.0:
@@ -123,7 +176,7 @@ def policy_forward(model: Any, batch: Batch, temperature: float, entropy: bool =
     vocabulary-wide log-softmax (and its backward) that no objective reads. At top_p = 1 the
     entropy reuses the log-softmax the logprobs took."""
     sel = batch.mask  # [B, T] bool
-    z = response_logits(model, batch, only=sel).float()  # [M, V]
+    z = at_least_fp32(response_logits(model, batch, only=sel))  # [M, V]
     if temperature != 1.0:
         z = z / temperature
     targets = batch.targets[sel]  # [M]
@@ -147,6 +200,54 @@ def policy_forward(model: Any, batch: Batch, temperature: float, entropy: bool =
 
 def critic_forward(critic: Any, batch: Batch) -> Tensor:
     """V at the position that predicts each response token (verl's alignment): [B, T]."""
+    if batch.packed:
+        values = critic(batch.input_ids, None, position_ids=batch.position_ids)  # [1, S]
+        return values[0, batch.resp_pos]
     values = critic(batch.input_ids, batch.attention_mask)  # [B, L]
     rows = torch.arange(batch.size, device=values.device)[:, None]
     return values[rows, batch.resp_pos]
+
+
+PACK_PROBE_TOLERANCE = {torch.float64: 1e-8, torch.float32: 1e-4, torch.bfloat16: 0.1, torch.float16: 0.05}
+"""|Δ logprob| allowed between packed and separate forwards, per dtype: the kernels' rounding
+on other shapes. A leak across samples moves the probe's second sample by nats, not by these."""
+
+
+@torch.no_grad()
+def packing_probe(model: Any, vocab_size: int, device: Any) -> float:
+    """max |Δ logprob| between two samples packed into one row and the same samples run alone.
+
+    Packing is exact only where the model's attention honours the restarting ``position_ids``
+    (transformers' mask utilities and flash-attention's varlen path do; a model with its own
+    attention code may attend across samples). The probe's first sample is long (32 tokens) and
+    the second short (4), so a leak dominates the second sample's attention."""
+    gen = torch.Generator().manual_seed(0)
+    first = torch.randint(0, vocab_size, (32,), generator=gen).to(device)
+    second = torch.randint(0, vocab_size, (4,), generator=gen).to(device)
+    alone = []
+    for seq in (first, second):
+        logits = model(input_ids=seq[None], use_cache=False).logits[0]  # [n, V]
+        alone.append(at_least_fp32(logits).log_softmax(-1))
+    both = torch.cat([first, second])[None]
+    positions = torch.cat([torch.arange(32), torch.arange(4)]).to(device)[None]
+    packed = at_least_fp32(model(input_ids=both, position_ids=positions, attention_mask=None,
+                                 use_cache=False).logits[0]).log_softmax(-1)  # [36, V]
+    return max(float((packed[:32] - alone[0]).abs().max()), float((packed[32:] - alone[1]).abs().max()))
+
+
+def resolve_packing(choice: str, model: Any, vocab_size: int, device: Any, dtype: torch.dtype) -> tuple[bool, str]:
+    """``--pack auto|on|off`` -> (pack?, one line saying why). ``auto`` packs where the probe
+    shows it exact; ``on`` refuses a model where it is not (ZsearchError)."""
+    from zsearch_cli.errors import ZsearchError
+
+    if choice == "off":
+        return False, "packing off (--pack off): micro-batches are right-padded rows"
+    gap = packing_probe(model, vocab_size, device)
+    tolerance = PACK_PROBE_TOLERANCE.get(dtype, 1e-4)
+    if gap <= tolerance:
+        return True, f"packing on: packed = separate forwards within {gap:.1e} (<= {tolerance:g} for {dtype})"
+    line = (f"packing would change the logprobs by {gap:.2e} (> {tolerance:g} for {dtype}): this model's attention "
+            "does not confine itself to each packed sample")
+    if choice == "on":
+        raise ZsearchError(f"--pack on: {line}; use --pack off (or auto)")
+    return False, f"packing off (--pack auto): {line}"

@@ -151,9 +151,12 @@ class Critic(nn.Module):
         nn.init.zeros_(self.value_head.weight)
         nn.init.zeros_(self.value_head.bias)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """input_ids, attention_mask [B, L] -> values [B, L] (float32)."""
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """input_ids, attention_mask [B, L] -> values [B, L] (float32). Packed: one row, no mask,
+        ``position_ids`` restarting at each sample (train/logprobs.py)."""
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                               use_cache=False).last_hidden_state
         return self.value_head(hidden.to(self.value_head.weight.dtype)).squeeze(-1).float()
 
 
@@ -356,4 +359,4 @@ def generation_backend(cfg: TrainConfig, accelerator: Any, policy: Any, tokenize
 
     start = str(resume_dir) if resume_dir is not None and cfg.optim.lora_r == 0 else cfg.policy.model
     return VLLMBackend(start, dtype=cfg.policy.dtype, seed=cfg.seed, tokenizer=tokenizer,
-                       max_model_len=cfg.rollout.max_context_tokens), None
+                       max_model_len=cfg.rollout.max_context_tokens, sleep_level=cfg.run.vllm_sleep), None

@@ -29,7 +29,8 @@ import torch
 from torch import Tensor
 
 from zsearch_cli.algos import AlgoConfig, AlgoSpec
-from zsearch_cli.train.logprobs import Batch, collate, critic_forward, pad_rows, policy_forward
+from zsearch_cli.train import microbatch
+from zsearch_cli.train.logprobs import Batch, collate, critic_forward, pack, pad_rows, policy_forward
 from zsearch_cli.train.policy import reference_mode
 
 if TYPE_CHECKING:
@@ -49,6 +50,8 @@ class StepModels:
     accelerator: Any
     pad_id: int
     device: Any
+    packed: bool = False
+    """Micro-batches run packed (``--pack``, resolved for this model: train/logprobs.py)."""
 
 
 @dataclass
@@ -100,15 +103,26 @@ class StepBatch:
         """T of a micro-batch: its longest response (at least 1, as :func:`collate`)."""
         return max(1, int(self.response_lengths[list(idx)].max()))
 
-    def forward_batch(self, idx: Sequence[int], device: Any) -> Batch:
+    @property
+    def lengths(self) -> list[int]:
+        """Prompt + response tokens per sample."""
+        return (self.prompt_lengths + self.response_lengths).tolist()
+
+    def forward_batch(self, idx: Sequence[int], device: Any, packed: bool = False) -> Batch:
         """Rows ``idx`` cut to their own widths, on ``device``: the tensors :func:`collate`
-        gives for those samples alone."""
+        gives for those samples alone; ``packed``: the same samples as one packed row
+        (train/logprobs.py), with the same response frame."""
         rows = torch.as_tensor(list(idx), dtype=torch.long)
         t = self.width(idx)
-        length = int((self.prompt_lengths[rows] + self.response_lengths[rows]).max())
         b = self.tokens
+        targets, mask = b.targets[rows, :t].to(device), b.mask[rows, :t].to(device)
+        if packed:
+            ends = (self.prompt_lengths[rows] + self.response_lengths[rows]).tolist()
+            seqs = [b.input_ids[i, :n].to(device) for i, n in zip(rows.tolist(), ends)]
+            return pack(seqs, self.prompt_lengths[rows].tolist(), t, targets, mask)
+        length = int((self.prompt_lengths[rows] + self.response_lengths[rows]).max())
         return Batch(b.input_ids[rows, :length].to(device), b.attention_mask[rows, :length].to(device),
-                     b.resp_pos[rows, :t].to(device), b.targets[rows, :t].to(device), b.mask[rows, :t].to(device),
+                     b.resp_pos[rows, :t].to(device), targets, mask,
                      keep_from=max(0, int(self.prompt_lengths[rows].min()) - 1))
 
     def rows(self, x: Tensor, idx: Sequence[int]) -> Tensor:
@@ -122,8 +136,29 @@ class StepBatch:
         return torch.arange(t, device=device)[None, :] < lengths[:, None]
 
 
-def _chunks(idx: list[int], size: int) -> list[list[int]]:
-    return [idx[i : i + size] for i in range(0, len(idx), size)]
+@dataclass(frozen=True)
+class MicroSettings:
+    """How micro-batches are cut and laid out (train/microbatch.py)."""
+
+    rows: int  # --micro-batch-size
+    tokens: int | None  # --micro-batch-tokens (None: by rows)
+    packed: bool  # --pack, resolved: one packed row per micro-batch
+
+
+def micro_settings(cfg: TrainConfig, m: StepModels) -> MicroSettings:
+    part = getattr(cfg, "batch", cfg)  # the batch part (config/parts.py)
+    return MicroSettings(part.micro_batch_size, getattr(part, "micro_batch_tokens", None), m.packed)
+
+
+def plan_micro_batches(m: StepModels, settings: MicroSettings, batch: StepBatch, idx: Sequence[int]) -> list[list[int]]:
+    """The micro-batches of the samples ``idx``, the same count on every process (empty ones
+    run for the collectives only: :data:`microbatch.PAD_MICRO`)."""
+    lengths = batch.lengths
+    micros = microbatch.plan(idx, lengths, settings.rows, settings.tokens, settings.packed)
+    if m.accelerator is not None and m.accelerator.num_processes > 1:
+        counts = m.accelerator.gather(torch.tensor([len(micros)], device=m.device))
+        micros = microbatch.equalize(micros, int(counts.max()), lengths, settings.packed)
+    return micros
 
 
 def step_batch(samples: Sequence[Sample], pad_id: int) -> StepBatch:
@@ -176,8 +211,20 @@ def rollout_tensors(m: StepModels, batch: StepBatch, cfg: TrainConfig, version: 
     batch.values = frame() if m.critic is not None else None
     batch.fused = fused_old_logp(cfg, n, m.critic is not None)
     diff_sum, diff_n = 0.0, 0
-    for micro in _chunks(list(range(n)), cfg.micro_batch_size):
-        fb = batch.forward_batch(micro, m.device)
+    settings = micro_settings(cfg, m)
+    micros = [] if batch.fused and batch.ref_logp is None else plan_micro_batches(m, settings, batch, range(n))
+    for micro in micros:
+        if not micro:  # the collectives of an empty micro-batch (DDP): a real forward, discarded
+            fb = batch.forward_batch([0], m.device, settings.packed)
+            if batch.ref_logp is not None:
+                with reference_mode(m.accelerator.unwrap_model(m.reference)) as ref:
+                    policy_forward(ref, fb, cfg.rollout.temperature, top_p=cfg.rollout.top_p)
+            if not batch.fused:
+                policy_forward(m.policy, fb, cfg.rollout.temperature, top_p=cfg.rollout.top_p)
+                if batch.values is not None:
+                    critic_forward(m.critic, fb)
+            continue
+        fb = batch.forward_batch(micro, m.device, settings.packed)
         rows, t = torch.as_tensor(micro, dtype=torch.long, device=m.device), fb.mask.shape[1]
         inside = batch.within(micro, m.device)  # [b, t]
         if batch.ref_logp is not None:
@@ -304,12 +351,13 @@ def optimize(m: StepModels, spec: AlgoSpec, acfg: AlgoConfig, cfg: TrainConfig, 
         # budget), never a micro-batch's own width; --algo-arg loss_agg_norm=N sets another.
         acfg = dataclasses.replace(acfg, loss_agg_norm=float(cfg.rollout.max_context_tokens))
     clip = cfg.optim.max_grad_norm if cfg.optim.max_grad_norm > 0 else float("inf")
+    settings = micro_settings(cfg, m)
     sums: dict[str, float] = {}
     updates = 0
     for epoch in range(cfg.ppo_epochs):
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + done * 101 + epoch)
         order = torch.randperm(n, generator=gen).tolist() if cfg.ppo_epochs > 1 or mini < n else list(range(n))
-        for mb in _chunks(order, mini):
+        for mb in [order[i : i + mini] for i in range(0, n, mini)]:
             m.optimizer.zero_grad(set_to_none=True)
             if m.critic_optimizer is not None:
                 m.critic_optimizer.zero_grad(set_to_none=True)
@@ -317,12 +365,12 @@ def optimize(m: StepModels, spec: AlgoSpec, acfg: AlgoConfig, cfg: TrainConfig, 
             critic_denom = (_token_denominator(m.accelerator, sum(critic_tokens[i] for i in mb))
                             if m.critic is not None else 1.0)
             stats: dict[str, float] = {}
-            micros = _chunks(mb, cfg.micro_batch_size)
+            micros = plan_micro_batches(m, settings, batch, mb)
             for j, micro in enumerate(micros):
                 weight = (sum(tokens[i] for i in micro) if token_level else len(micro)) / denom
                 critic_weight = sum(critic_tokens[i] for i in micro) / critic_denom
-                _micro_step(m, spec, acfg, cfg, batch, micro, (weight, critic_weight), stats,
-                            last=j == len(micros) - 1)
+                _micro_step(m, spec, acfg, cfg, batch, micro or mb[:1], (weight, critic_weight), stats,
+                            last=j == len(micros) - 1, settings=settings, pad=not micro)
             # The parameter lists are taken after the backward, not once per step: FSDP2 swaps
             # unsharded tensors in and out around forwards, so an earlier list can be stale.
             grad_norm = m.accelerator.clip_grad_norm_(_trainable(m.policy), clip)
@@ -359,13 +407,15 @@ def _trainable(model: Any) -> list[Any]:
 
 
 def _micro_step(m: StepModels, spec: AlgoSpec, acfg: AlgoConfig, cfg: TrainConfig, batch: StepBatch,
-                micro: list[int], weights: tuple[float, float], stats: dict[str, float], last: bool) -> None:
+                micro: list[int], weights: tuple[float, float], stats: dict[str, float], last: bool,
+                settings: MicroSettings, pad: bool = False) -> None:
     """Forward + backward of one micro-batch (an index slice of the step's batch), the policy
-    loss scaled by ``weights[0]``, the value loss by ``weights[1]``."""
+    loss scaled by ``weights[0]``, the value loss by ``weights[1]``. ``pad``: an empty
+    micro-batch of DDP's equal count, run on ``micro`` with weight 0 for its collectives."""
     assert batch.old_logp is not None and batch.advantages is not None
     assert batch.loss_mask is not None and batch.weights is not None
-    weight, critic_weight = weights
-    fb = batch.forward_batch(micro, m.device)
+    weight, critic_weight = (0.0, 0.0) if pad else weights
+    fb = batch.forward_batch(micro, m.device, settings.packed)
     loss_mask = batch.rows(batch.loss_mask, micro).to(m.device)  # [b, t]
     is_weights = batch.rows(batch.weights, micro).to(m.device)  # [b, t]
     old = batch.rows(batch.old_logp, micro)  # [b, t]
@@ -377,7 +427,7 @@ def _micro_step(m: StepModels, spec: AlgoSpec, acfg: AlgoConfig, cfg: TrainConfi
     sync = contextlib.nullcontext() if last else m.accelerator.no_sync(m.policy)
     with sync:
         logp, entropy = policy_forward(m.policy, fb, cfg.rollout.temperature, entropy=True, top_p=cfg.rollout.top_p)
-        if batch.fused:  # π_old is this very forward (one optimizer step): detached, ratio 1
+        if batch.fused and not pad:  # π_old is this very forward (one optimizer step): detached, ratio 1
             old = logp.detach().float()
             rows = torch.as_tensor(micro, dtype=torch.long, device=batch.old_logp.device)
             batch.old_logp[rows, : old.shape[1]] = torch.where(batch.within(micro, old.device), old, 0.0)
@@ -385,6 +435,11 @@ def _micro_step(m: StepModels, spec: AlgoSpec, acfg: AlgoConfig, cfg: TrainConfi
                                         ref_logp=None if ref is None else ref.to(logp.device), entropy=entropy,
                                         weights=is_weights)
         m.accelerator.backward(loss * weight)
+    if pad:  # its collectives are done; its statistics are not the batch's
+        if m.critic is not None:
+            with contextlib.nullcontext() if last else m.accelerator.no_sync(m.critic):
+                m.accelerator.backward(critic_forward(m.critic, fb).sum() * 0.0)
+        return
     _accumulate(stats, pstats, weight, prefix="actor/")
     if m.critic is not None:
         assert batch.values is not None and batch.returns is not None
