@@ -40,18 +40,30 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
+TRL_PYTHON = ROOT / ".venv-trl" / "bin" / "python"
 
 MODELS = {
-    # name: (architecture, config, LoRA rank, prompts B, group G, rows per micro-batch for `before`)
+    # name: (architecture, config, LoRA rank, prompts B, group G, rows per micro-batch for `before`
+    # (None: the whole batch in one micro-batch))
     "smollm2-lora": ("llama", dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                                    num_attention_heads=9, num_key_value_heads=3, tie_word_embeddings=True,
                                    rms_norm_eps=1e-5, rope_theta=100000.0), 16, 2, 4, 4),
     "qwen-vocab": ("qwen2", dict(vocab_size=151936, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                 num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False), 0, 1, 4, 4),
+                                 num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False), 0, 1, 4, None),
 }
 VARIANTS = {
-    "before": {},  # rows per micro-batch (the model's), right-padded, the whole LM head
+    # rows per micro-batch (the model's), right-padded, the whole LM head: the update as it was
+    "before": dict(pack="off", logits_chunk=0),
+    # + a token budget (the model's) and packing; still the whole head
+    "packed": dict(pack="on", logits_chunk=0, budget=True),
+    # + the chunked LM head: the shipped defaults, with the model's token budget
+    "after": dict(pack="on", budget=True),
+    # TRL's GRPOTrainer on the same batch (its own venv, CPU): rows per micro-batch, padded
+    "trl": None,
 }
+BUDGET = {"smollm2-lora": 8192, "qwen-vocab": None}
+"""--micro-batch-tokens of ``packed``/``after``: smollm2's ~ 4 rows x the mean length (as
+``before``'s 4 rows); qwen-vocab's micro-batch is the whole batch (its memory is the point)."""
 
 
 def length_mix(n: int, seed: int, prompt=(150, 300), response=(200, 3000), searches=(1, 3), passages=(0.5, 0.7)):
@@ -112,7 +124,36 @@ def build_model(model: str, out: Path) -> Path:
 # ------------------------------------------------------------------ the worker (one variant)
 
 
+def _rss_kib(field: str) -> int:
+    """VmRSS / VmHWM of this process, KiB (Linux)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def _measure(update, spec: dict, cuda: bool) -> tuple[float, object, int, float]:
+    """(median s, last result, warm-up calls, peak MiB above the state before the first call):
+    CUDA's allocator peak, or on CPU the resident set's high-water mark, reset first
+    (``/proc/self/clear_refs``), above the resident set at rest."""
+    import torch
+
+    from steady import steady_median
+
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = _rss_kib("VmRSS")
+        Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+    median, out, warmup = steady_median(update, repeats=spec["reps"], max_warmup=spec["max_warmup"])
+    peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else (_rss_kib("VmHWM") - base) / 1024
+    return median, out, warmup, peak
+
+
 def worker(spec: dict) -> dict:
+    if spec["variant"] == "trl":
+        return trl_worker(spec)
     import torch
     from accelerate import Accelerator
 
@@ -123,13 +164,19 @@ def worker(spec: dict) -> dict:
     from zsearch_cli.train.step_samples import Sample
     from zsearch_cli.train.update import StepModels, advantages, optimize, rollout_tensors, step_batch
 
-    from steady import steady_median
+    from zsearch_cli.train import microbatch
+    from zsearch_cli.train.logprobs import resolve_packing
+    from zsearch_cli.train.update import micro_settings
 
     torch.set_num_threads(spec["threads"])
     cuda = spec["device"] == "cuda"
-    _, _, lora_r, b, g, rows = MODELS[spec["model"]]
+    _, config, lora_r, b, g, rows = MODELS[spec["model"]]
     samples_spec = spec["samples"]
-    options = dict(micro_batch_size=rows, **VARIANTS[spec["variant"]])
+    variant = dict(VARIANTS[spec["variant"]])
+    budget = BUDGET[spec["model"]] or sum(len(s["prompt"]) + len(s["response"]) for s in samples_spec)
+    options = dict(micro_batch_size=rows or len(samples_spec), **variant)
+    if options.pop("budget", False):
+        options["micro_batch_tokens"] = budget
     cfg = resolve_config(TrainConfig.from_flat(
         algo="grpo", model=spec["model_dir"], batch_size=len(samples_spec) // g, group_size=g, lr=1e-6, beta=0.0,
         seed=0, temperature=1.0, lora_r=lora_r, lora_alpha=16, steps=1000, **options))
@@ -140,7 +187,10 @@ def worker(spec: dict) -> dict:
                                   "constant", 0.0)
     acc = Accelerator(cpu=not cuda)
     policy, optimizer = acc.prepare(policy, optimizer)
-    m = StepModels(policy, None, None, optimizer, None, acc, int(tokenizer.pad_token_id), acc.device)
+    packed, why = resolve_packing(cfg.batch.pack, policy, config["vocab_size"], acc.device,
+                                  getattr(torch, spec["dtype"]))
+    print(why, file=sys.stderr)
+    m = StepModels(policy, None, None, optimizer, None, acc, int(tokenizer.pad_token_id), acc.device, packed=packed)
 
     def samples() -> list:
         out = []
@@ -170,48 +220,87 @@ def worker(spec: dict) -> dict:
         done[0] += 1
         return stats
 
-    slots[0] = computed_slots(cfg, samples_spec)
-    rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    median, stats, warmup = steady_median(update, repeats=spec["reps"], max_warmup=spec["max_warmup"])
-    if cuda:
-        peak = (torch.cuda.max_memory_allocated() - base) / 2**20
-    else:
-        peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss0) / 1024
-    real = sum(len(s["prompt"]) + len(s["response"]) for s in samples_spec)
-    return {"median_s": median, "warmup": warmup, "peak_mib": peak, "real_tokens": real, "slots": slots[0],
-            "padding": 1 - real / slots[0], "tokens_per_s": real / median, "loss": stats.get("actor/loss"),
-            "grad_norm": stats.get("actor/grad_norm")}
+    settings = micro_settings(cfg, m)
+    lengths = [len(s["prompt"]) + len(s["response"]) for s in samples_spec]
+    micros = microbatch.plan(range(len(lengths)), lengths, settings.rows, settings.tokens, settings.packed)
+    slots = sum(microbatch.cost(mb, lengths, settings.packed) for mb in micros)
+    median, stats, warmup, peak = _measure(update, spec, cuda)
+    return _result(median, warmup, peak, samples_spec, slots, len(micros),
+                   {"loss": stats.get("actor/loss"), "grad_norm": stats.get("actor/grad_norm"), "packing": why,
+                    "logits_chunk": cfg.batch.logits_chunk})
 
 
-def computed_slots(cfg, samples: list[dict]) -> int:
-    """Token positions the update's forwards run: per micro-batch, rows x longest row (the
-    fused GRPO update has one forward per sample)."""
-    lengths = [len(s["prompt"]) + len(s["response"]) for s in samples]
-    size = cfg.micro_batch_size
-    return sum(len(chunk) * max(chunk) for chunk in (lengths[i : i + size] for i in range(0, len(lengths), size)))
+def _result(median: float, warmup: int, peak: float, samples: list[dict], slots: int, micros: int, extra: dict) -> dict:
+    real = sum(len(s["prompt"]) + len(s["response"]) for s in samples)
+    return {"median_s": median, "warmup": warmup, "peak_mib": peak, "real_tokens": real, "slots": slots,
+            "micro_batches": micros, "padding": 1 - real / slots, "tokens_per_s": real / median, **extra}
+
+
+def trl_worker(spec: dict) -> dict:
+    """TRL 1.16's GRPOTrainer on the same batch (bench/update_vs_trl.py drives it as its
+    ``_generate_and_score_completions`` would give the batch): rows per micro-batch, padded
+    (prompts left, completions right); TRL's GRPO has no padding-free mode, and its
+    ``use_liger_kernel`` needs Liger's Triton kernels (a GPU)."""
+    import torch
+
+    from update_vs_trl import _trl_worker
+
+    torch.set_num_threads(spec["threads"])
+    _, _, lora_r, b, g, rows = MODELS[spec["model"]]
+    samples = spec["samples"]
+    micro = rows or len(samples)
+    step, _, version = _trl_worker({**spec, "beta": 0.0, "out": spec["out"],
+                                    "config": {"B": len(samples) // g, "G": g, "micro": micro, "lora_r": lora_r}})
+    median, _, warmup, peak = _measure(lambda: step()[0], spec, False)
+    p_max = max(len(s["prompt"]) for s in samples)
+    t_max = max(len(s["response"]) for s in samples)
+    slots = len(samples) * (p_max + t_max)  # every micro-batch is padded to the batch's longest prompt and completion
+    return _result(median, warmup, peak, samples, slots, -(-len(samples) // micro), {"trl": version})
 
 
 # ------------------------------------------------------------------ the driver
 
 
-def run_variant(spec: dict, log: Path) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+def run_variant(spec: dict, log: Path, trl_python: Path) -> dict:
+    trl = spec["variant"] == "trl"
+    if trl and (spec["device"] != "cpu" or not trl_python.exists()):
+        why = "TRL is run on CPU only here" if spec["device"] != "cpu" else f"no TRL interpreter at {trl_python}"
+        return {"skipped": why}
+    src = "" if trl else str(ROOT / "src") + os.pathsep  # TRL's venv has its own transformers, no zsearch
+    env = {**os.environ, "PYTHONPATH": src + os.environ.get("PYTHONPATH", ""),
            "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
     if spec["device"] == "cpu":
         env["OMP_NUM_THREADS"] = str(spec["threads"])
     spec_file = log.with_suffix(".spec.json")  # a file, not argv: the token ids pass Linux's 128 KiB argument cap
     spec_file.write_text(json.dumps(spec))
     with open(log, "w") as f:
-        done = subprocess.run([sys.executable, __file__, "--worker", str(spec_file)], stdout=subprocess.PIPE,
+        done = subprocess.run([str(trl_python) if trl else sys.executable, __file__, "--worker", str(spec_file)],
+                              stdout=subprocess.PIPE,
                               stderr=f, text=True, env=env)
     for line in done.stdout.splitlines():
         if line.startswith("@@RESULT "):
             return json.loads(line[9:])
     tail = log.read_text()[-2000:]
     return {"error": f"exit {done.returncode}: " + (tail.strip().splitlines() or ["(no output)"])[-1], "log": str(log)}
+
+
+def table(results: list[dict], title: str) -> str:
+    """The README's table: each variant's numbers, and its time and peak memory as ratios of
+    ``before`` (and time of ``trl``) for the same model."""
+    lines = [title, f"{'model':<14} {'variant':<8} {'tokens':>7} {'micro':>5} {'padding':>8} {'update s':>9} "
+                    f"{'x before':>8} {'x trl':>6} {'peak MiB':>9} {'x before':>8} {'tok/s':>8}"]
+    by = {(r["model"], r["variant"]): r for r in results if "median_s" in r}
+    for r in results:
+        head = f"{r['model']:<14} {r['variant']:<8}"
+        if "median_s" not in r:
+            lines.append(f"{head} {r.get('error') or 'skipped: ' + r.get('skipped', '?')}")
+            continue
+        before, trl = by.get((r["model"], "before")), by.get((r["model"], "trl"))
+        ratio = lambda a, b, k: f"{a[k] / b[k]:.2f}" if b and b[k] > 0 else "-"  # noqa: E731
+        lines.append(f"{head} {r['real_tokens']:>7} {r['micro_batches']:>5} {r['padding']:>8.1%} {r['median_s']:>9.3f} "
+                     f"{ratio(r, before, 'median_s'):>8} {ratio(r, trl, 'median_s'):>6} {r['peak_mib']:>9.0f} "
+                     f"{ratio(r, before, 'peak_mib'):>8} {r['tokens_per_s']:>8.0f}")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -226,6 +315,9 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument("--trl-python", type=Path, default=TRL_PYTHON,
+                    help="TRL's venv: python3.11 -m venv .venv-trl && .venv-trl/bin/pip install torch==2.13.0 "
+                         "'trl==1.16.*' peft")
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -241,23 +333,17 @@ def main() -> None:
             for variant in args.variants.split(","):
                 spec = {"model": model, "variant": variant, "model_dir": str(model_dir), "samples": samples,
                         "device": args.device, "dtype": dtype, "threads": args.threads, "reps": args.reps,
-                        "max_warmup": args.max_warmup}
+                        "max_warmup": args.max_warmup, "out": str(root / f"trl-{model}")}
                 t = time.perf_counter()
-                r = {"model": model, "variant": variant, "samples": len(samples), **run_variant(spec, root / f"{model}-{variant}.log")}
+                r = {"model": model, "variant": variant, "samples": len(samples),
+                     **run_variant(spec, root / f"{model}-{variant}.log", args.trl_python)}
                 r["wall_s"] = time.perf_counter() - t
                 results.append(r)
                 print(json.dumps(r), flush=True)
                 if "error" in r:
                     print(Path(r["log"]).read_text()[-3000:], file=sys.stderr)
-    print(f"\nupdate efficiency, {args.device} {dtype}, seed {args.seed} (median of >= {args.reps} after warm-up)")
-    print(f"{'model':<14} {'variant':<10} {'samples':>7} {'tokens':>7} {'padding':>8} {'update s':>9} "
-          f"{'peak MiB':>9} {'tok/s':>8}")
-    for r in results:
-        if "error" in r:
-            print(f"{r['model']:<14} {r['variant']:<10} error: {r['error']}")
-            continue
-        print(f"{r['model']:<14} {r['variant']:<10} {r['samples']:>7} {r['real_tokens']:>7} {r['padding']:>8.1%} "
-              f"{r['median_s']:>9.3f} {r['peak_mib']:>9.0f} {r['tokens_per_s']:>8.0f}")
+    print(table(results, f"update efficiency, {args.device} {dtype}, seed {args.seed}, {args.threads} threads "
+                         f"(median of >= {args.reps} after warm-up)"))
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
 

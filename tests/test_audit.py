@@ -145,12 +145,15 @@ def test_audit_command_line_on_the_demo_corpus(demo_bm25, tmp_path):
 def test_a_dense_only_index_is_refused_in_one_line(tmp_path):
     from zsearch_cli.audit.corpus import AnswerLocator
     from zsearch_cli.errors import ZsearchError
+    from zsearch_cli.retrieval.index import load_index
 
-    class NoBM25:
-        _bm25, index_dir = None, tmp_path
-
-    with pytest.raises(ZsearchError, match="needs the index's BM25 part"):
-        AnswerLocator(NoBM25())
+    # a real dense-only index (the bundled MiniLM over four passages): its bm25 view is None
+    index = load_index(build_index(_write(tmp_path / "corpus.jsonl", CORPUS[:4]), tmp_path / "dense",
+                                   {"kind": "dense"}))
+    assert index.bm25 is None
+    with pytest.raises(ZsearchError, match="needs the index's BM25 part") as err:
+        AnswerLocator(index)
+    assert "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("text", ["The U.S. Open!", "  an   apple a day ", "Jean-Paul's café, l'été", "x_y & z"])

@@ -114,7 +114,13 @@ def _worker(argv: list[str]) -> None:
     app()
 
 
-def _update_worker(out: Path, model_dir: str, algo: str, batch_size: int) -> None:
+BUDGET_FLAGS = dict(micro_batch_tokens=17, logits_chunk=2)
+"""The ``budget`` variant of the update: 17-token packed micro-batches (the 2 processes' samples,
+7 + 10 and 12 + 8 tokens, make 1 and 2 micro-batches: rank 0 must split its one to pair up;
+one process makes 3 of all four) and a chunked LM head of 2 rows."""
+
+
+def _update_worker(out: Path, model_dir: str, algo: str, batch_size: int, variant: str = "rows") -> None:
     """One launched process (or the only one): the update of ``train/update.py`` on a fixed
     batch, no rollout. The B prompts × 2 samples, their token ids, loss masks (of unequal
     lengths, so PPO's token counts differ between the processes) and rewards are the same
@@ -135,8 +141,9 @@ def _update_worker(out: Path, model_dir: str, algo: str, batch_size: int) -> Non
     acc = Accelerator(cpu=True)
     rank, world = acc.process_index, acc.num_processes
     check_even_shards(batch_size, world)
+    extra = BUDGET_FLAGS if variant == "budget" else dict(logits_chunk=0)
     cfg = resolve_config(TrainConfig.from_flat(algo=algo, model=model_dir, batch_size=batch_size, group_size=2, lr=1e-2,
-                                     beta=0.0, micro_batch_size=3, seed=0, temperature=1.0))
+                                     beta=0.0, micro_batch_size=3, seed=0, temperature=1.0, **extra))
     spec, acfg = get_spec(algo), algo_config(cfg)
     gen = torch.Generator().manual_seed(123)
     trajs = []
@@ -159,11 +166,11 @@ def _update_worker(out: Path, model_dir: str, algo: str, batch_size: int) -> Non
     if critic is not None:
         critic, critic_opt = acc.prepare(critic, critic_opt)
     policy, optimizer = acc.prepare(policy, optimizer)
-    m = StepModels(policy, None, critic, optimizer, critic_opt, acc, 0, acc.device)
+    m = StepModels(policy, None, critic, optimizer, critic_opt, acc, 0, acc.device, packed=variant == "budget")
     batch = advantages(spec, acfg, rollout_tensors(m, step_batch(mine, m.pad_id), cfg), acc)
     optimize(m, spec, acfg, cfg, batch, done=0)
     state = {k: v.detach().clone().contiguous() for k, v in acc.unwrap_model(policy).state_dict().items()}
-    save_file(state, str(out / f"update.rank{rank}.world{world}.safetensors"))
+    save_file(state, str(out / f"update.rank{rank}.world{world}.{variant}.safetensors"))
 
 
 # ------------------------------------------------------------------ helpers of the tests
@@ -288,23 +295,25 @@ def test_resume_under_another_distribution_is_a_one_line_error(tmp_path, saved, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algo", ["grpo", "ppo"])
-def test_a_two_process_update_equals_the_one_process_update(tmp_path, tiny_model_dir, algo):
+@pytest.mark.parametrize("algo, variant", [("grpo", "rows"), ("ppo", "rows"), ("grpo", "budget"), ("ppo", "budget")])
+def test_a_two_process_update_equals_the_one_process_update(tmp_path, tiny_model_dir, algo, variant):
     # The same fixed batch of B=2 prompts × 2 samples, updated once (SGD, whole batch) by
     # one process and by 2 DDP processes holding a prompt each. The sequence mean (GRPO) and
     # the token mean (PPO: the processes hold different numbers of policy tokens) must give
     # the one-process weights. Before, each process divided PPO's loss by its own token
     # count, which DDP's gradient average does not undo (rank 0 was off by 1.4e-4).
-    one = subprocess.run([sys.executable, __file__, "update", str(tmp_path), str(tiny_model_dir), algo, "2"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    # `budget`: packed token-budget micro-batches whose count differs between the processes
+    # (BUDGET_FLAGS), so the equal-count rule (train/microbatch.py) must pair them up.
+    args = [__file__, "update", str(tmp_path), str(tiny_model_dir), algo, "2", variant]
+    one = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert one.returncode == 0, one.stderr[-3000:]
-    _ok(_launch([__file__, "update", str(tmp_path), str(tiny_model_dir), algo, "2"], None, tmp_path))
-    single = _weights(tmp_path / "update.rank0.world1.safetensors")
+    _ok(_launch(args, None, tmp_path))
+    single = _weights(tmp_path / f"update.rank0.world1.{variant}.safetensors")
     initial = _weights(tiny_model_dir / "model.safetensors")
     moved = max(float((single[k] - initial[k]).abs().max()) for k in initial)
     assert moved > 1e-4, "the update changed nothing: the comparison would prove nothing"
     for rank in (0, 1):
-        ddp = _weights(tmp_path / f"update.rank{rank}.world2.safetensors")
+        ddp = _weights(tmp_path / f"update.rank{rank}.world2.{variant}.safetensors")
         worst = max(float((ddp[k] - single[k]).abs().max()) for k in single)
         assert worst < 1e-6 * max(1.0, moved) + 1e-7, f"rank {rank} differs from one process by {worst:.3g}"
 
@@ -392,6 +401,6 @@ def test_zero3_on_cpu_saves_consolidated_weights_and_partitions(tmp_path, tiny_m
 
 if __name__ == "__main__":  # a process started by the tests' `accelerate launch`
     if sys.argv[1] == "update":
-        _update_worker(Path(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]))
+        _update_worker(Path(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]), *sys.argv[6:7])
     else:
         _worker(sys.argv[1:])

@@ -165,6 +165,44 @@ def test_hits_are_read_from_the_right_record_batch(tmp_path: Path, monkeypatch) 
     assert all(p.text == rows[int(p.id[1:])]["text"] for h in hits for p in h)
 
 
+def test_public_views_of_the_parts_over_many_record_batches(tmp_path: Path, monkeypatch) -> None:
+    """bm25, column, records and scan: what the corpus audit reads, row for row as get() reads it."""
+    import pyarrow.compute as pc
+
+    import zsearch_cli.data.corpus as corpus_mod
+    from zsearch_cli.retrieval.bm25 import BM25Searcher
+
+    monkeypatch.setattr(corpus_mod, "BATCH_ROWS", 3)
+    rows = [{"id": f"r{i}", "title": None if i == 4 else f"Title {i}", "text": f"word{i} shared"} for i in range(8)]
+    index = load_index(build_index(write_jsonl(tmp_path / "c.jsonl", rows), tmp_path / "idx", {"kind": "bm25"}))
+    assert isinstance(index.bm25, BM25Searcher)
+    assert all(term in index.bm25.vocab for term in index.bm25.tokenizer.terms("shared word3"))
+    expected = [(i, r["id"], r["title"] or "", r["text"]) for i, r in enumerate(rows)]
+    assert list(index.scan()) == expected  # in corpus order across the three batches, null title as ""
+    assert [rec[:3] for rec in index.records([7, 0, 4])] == [e[1:] for e in (expected[7], expected[0], expected[4])]
+    ids = index.column("id")
+    assert ids.num_chunks == 3 and ids.to_pylist() == [r["id"] for r in rows]
+    titles = index.column("title")  # the audit's vectorised pass: which named titles exist
+    assert pc.filter(titles, pc.is_in(titles, value_set=pa.array(["Title 5", "Title 9"]))).to_pylist() == ["Title 5"]
+    with pytest.raises(ZsearchError, match="no column 'score'"):
+        index.column("score")
+
+
+def test_the_old_import_path_still_names_everything() -> None:
+    # retrieval/index.py was split into index_format (layout), index_build and index (load,
+    # search): code that imports any of its public names from the one module keeps working.
+    import zsearch_cli.retrieval.index as index
+    import zsearch_cli.retrieval.index_build as index_build
+    import zsearch_cli.retrieval.index_format as index_format
+
+    for name in ("build_index", "load_index", "print_search", "read_manifest", "SearchIndex", "DEFAULTS",
+                 "BM25_PRESETS", "parse_kinds", "resolve_options", "check_index_files", "FORMAT", "MANIFEST",
+                 "CORPUS_FILE", "PART_SEAL", "KINDS", "METHODS"):
+        assert name in index.__all__ and hasattr(index, name), name
+    assert index.build_index is index_build.build_index and index.DEFAULTS is index_build.DEFAULTS
+    assert index.read_manifest is index_format.read_manifest and index.MANIFEST == index_format.MANIFEST
+
+
 def test_rebuild_is_atomic(corpus: Path, tmp_path: Path) -> None:
     out = build_index(corpus, tmp_path / "idx", {})
     old = (out / "manifest.json").read_text()

@@ -107,9 +107,9 @@ def test_killed_build_leaves_a_temp_folder_the_next_build_removes(tmp_path: Path
     corpus = write_corpus(tmp_path / "c.jsonl", 5, "delta")
     out = tmp_path / "idx"
     code = ("import os, sys\n"
-            "import zsearch_cli.retrieval.index as ix\n"
+            "import zsearch_cli.retrieval.index_build as ix\n"
             "def die(*a, **k): os._exit(9)\n"
-            "ix._seal_part = die\n"
+            "ix.seal_part = die\n"
             f"ix.build_index({str(corpus)!r}, {str(out)!r}, {{'kind': 'bm25'}})\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 9, proc.stderr

@@ -59,7 +59,16 @@ def index(tmp_path_factory) -> Path:
                                     ("kit_old", "1.0.0", ()), ("kit_old", "2.0.0", ()),
                                     ("kit_new312", "1.0.0", ()),
                                     # a model packed as a wheel, whose requirement no index has
-                                    ("kit_model", "1.0.0", ("kit_absent>=1",))]:
+                                    ("kit_model", "1.0.0", ("kit_absent>=1",)),
+                                    # --drop (stage 2, vLLM 0.26): kit_vengine plays vLLM 0.26, kit_pinned
+                                    # numba (1.0 = 0.65, which caps kit_np = numpy below the target's 2.0;
+                                    # 2.0 = the target's 0.68), kit_unused a requirement never imported
+                                    # (flashinfer) with a requirement of its own (cutlass)
+                                    ("kit_np", "1.0.0", ()), ("kit_np", "2.0.0", ()),
+                                    ("kit_pinned", "1.0.0", ("kit_np<2",)), ("kit_pinned", "2.0.0", ("kit_np<3",)),
+                                    ("kit_unused", "1.0.0", ("kit_unused_dep",)), ("kit_unused_dep", "1.0.0", ()),
+                                    ("kit_vengine", "1.0.0", ("torch==2.11.0", "kit_pinned==1.0.0", "kit_unused",
+                                                              "kit_np"))]:
         make_wheel(links, name, version, module(name, version), requires)
     make_wheel(links, "kit_big", "0.1.0", module("kit_big", "0.1.0", {"kit_big/blob.bin": BLOB}))
     # The sdist's build backend, for a kit whose target builds the project (--python != this one).
@@ -89,6 +98,7 @@ dependencies = ["torch>=2.11", "kit_dep>=1", "kit_old>=2"]
 
 [project.optional-dependencies]
 gpu = ["kit_engine", "kit_big>=0.1", 'kit_new312; python_version > "3.11"']
+trim = ["kit_vengine"]
 
 [tool.setuptools]
 packages = ["kitproj"]
@@ -251,3 +261,88 @@ def test_the_hf_path_kit_carries_the_base_and_a_model_wheel_without_its_requirem
 def test_a_data_wheel_that_is_not_name_equals_version_is_refused(project, index, tmp_path):
     done = make_kit(project, index, tmp_path / "kit", HAVE, extra=("--data-wheel", "kit_model"))
     assert done.returncode == 2 and "--data-wheel must be NAME==VERSION" in done.stderr
+
+
+# Stage 2 (vLLM 0.26 on the H200): the target has kit_np 2.0 (numpy 2.5.2) and kit_pinned 2.0
+# (numba 0.68); kit_vengine pins kit_pinned 1.0, which caps kit_np below 2.
+HAVE_TRIM = HAVE + "kit_np==2.0.0\nkit_pinned==2.0.0\n"
+TRIM = ("--extra", "trim")
+
+
+def target_venv(tmp_path: Path, index: Path, *packages: str) -> str:
+    venv = tmp_path / "target"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python = str(venv / "bin" / "python")
+    subprocess.run([python, "-m", "pip", "install", "-q", *packages], env=pip_env(index), check=True, timeout=300)
+    return python
+
+
+@pytest.fixture(scope="module")
+def trimmed_kit(project, index, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("trimmed") / "kit"
+    drop_list = out.parent / "drop.txt"
+    drop_list.write_text("# never imported on the path\nkit_unused   # with its own requirement\n\n")
+    done = make_kit(project, index, out, HAVE_TRIM, extra=(*TRIM, "--drop", "kit_pinned", "--drop-list", str(drop_list)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "drops (--drop): kit_pinned 1.0.0 (the target keeps its 2.0.0), kit_unused 1.0.0" in done.stdout
+    return out
+
+
+def test_without_drop_the_pinned_package_downgrades_the_targets(project, index, tmp_path):
+    # The problem --drop solves: kit_vengine's pin (numba==0.65.0) brings kit_pinned 1.0 and,
+    # through it, kit_np 1.0 over the target's 2.0 (numpy 2.5.2 -> 2.3.5).
+    out = tmp_path / "kit"
+    done = make_kit(project, index, out, HAVE_TRIM, extra=TRIM)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "kit_np 2.0.0 -> 1.0.0" in done.stdout and "kit_pinned 2.0.0 -> 1.0.0" in done.stdout
+    assert {"kit_np-1.0.0-py3-none-any.whl", "kit_pinned-1.0.0-py3-none-any.whl", "kit_unused-1.0.0-py3-none-any.whl",
+            "kit_unused_dep-1.0.0-py3-none-any.whl"} <= wheels_in(out)
+    assert json.loads((out / "kit.json").read_text())["dropped"] == []
+
+
+def test_drop_leaves_out_the_package_what_only_it_needs_and_the_downgrade(trimmed_kit):
+    # kit_pinned and kit_unused out; kit_unused_dep (only kit_unused needs it) out with them; kit_np
+    # not carried, so the target keeps its 2.0 (numpy 2.5.2 stays).
+    assert wheels_in(trimmed_kit) == {"kit_vengine-1.0.0-py3-none-any.whl", "kit_old-2.0.0-py3-none-any.whl",
+                                      "kitproj-0.1.0-py3-none-any.whl"}
+    meta = json.loads((trimmed_kit / "kit.json").read_text())
+    assert meta["dropped"] == [{"name": "kit_pinned", "resolved": "1.0.0", "target_has": "2.0.0"},
+                               {"name": "kit_unused", "resolved": "1.0.0", "target_has": None}]
+    assert meta["left_out"] == ["kit_np 1.0.0", "kit_unused_dep 1.0.0"]
+    assert sorted(n for n, _ in meta["packages"]) == ["kit_old", "kit_vengine", "kitproj"]
+
+
+def test_a_trimmed_kit_installs_with_no_deps_and_pip_check_names_only_the_dropped(trimmed_kit, index, tmp_path):
+    python = target_venv(tmp_path, index, "torch==2.11.0", "kit_dep==1.0.0", "kit_old==1.0.0", "kit_np==2.0.0",
+                         "kit_pinned==2.0.0")
+    done = run_install(trimmed_kit, python, index)
+    assert done.returncode == 0, done.stdout + done.stderr
+    expected = [line for line in done.stdout.splitlines() if "pip check (expected, dropped by the kit)" in line]
+    assert len(expected) == 2, done.stdout
+    assert any("requires kit-unused, which is not installed" in line for line in expected)
+    assert any("has requirement kit_pinned==1.0.0, but you have kit-pinned 2.0.0" in line for line in expected)
+    got = subprocess.run([python, "-c", "import importlib.util, kitproj, kit_np, kit_old, kit_pinned, kit_vengine; "
+                          "print(kit_np.__version__, kit_pinned.__version__, kit_old.__version__, kit_vengine.__version__, "
+                          "importlib.util.find_spec('kit_unused'))"], capture_output=True, text=True, check=True)
+    assert got.stdout.split() == ["2.0.0", "2.0.0", "2.0.0", "1.0.0", "None"]
+
+
+def test_a_trimmed_kit_refuses_a_missing_requirement_that_was_not_dropped(trimmed_kit, index, tmp_path):
+    # The --have list said kit_dep 1.0 is there; this target lacks it: not a dropped package.
+    python = target_venv(tmp_path, index, "torch==2.11.0", "kit_old==1.0.0", "kit_np==2.0.0", "kit_pinned==2.0.0")
+    done = run_install(trimmed_kit, python, index)
+    assert done.returncode == 2
+    line = done.stderr.strip().splitlines()[-1]
+    assert line.startswith("offline-install: pip check: kitproj 0.1.0 requires kit-dep, which is not installed; "
+                           "that requirement is not among the kit's dropped packages"), done.stderr
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--drop", "kit_big"), "--drop kit-big: not in the resolution of kitproj[trim]==0.1.0"),  # another extra's
+    (("--drop", "kit_dep"), "--drop kit-dep: not in the resolution"),  # the target's 1.0 fits: nothing to drop
+    (("--drop", "kit pinned"), "--drop takes a package name"),
+])
+def test_a_drop_that_is_not_in_the_resolution_is_refused(project, index, tmp_path, extra, message):
+    done = make_kit(project, index, tmp_path / "kit", HAVE_TRIM, extra=(*TRIM, *extra))
+    assert done.returncode == 2 and message in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert not (tmp_path / "kit").exists()

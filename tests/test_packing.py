@@ -91,24 +91,28 @@ def _model(arch: str, attn: str, lora: bool):
 @pytest.mark.parametrize("arch, attn, lora", [("qwen2", "sdpa", False), ("qwen2", "eager", False),
                                               ("llama", "sdpa", False), ("qwen2", "sdpa", True)])
 @pytest.mark.parametrize("top_p", [1.0, 0.9])
-def test_packed_logprobs_entropy_and_gradients_equal_the_padded_ones(arch, attn, lora, top_p):
+def test_packed_and_chunked_logprobs_entropy_and_gradients_equal_the_padded_whole_head(arch, attn, lora, top_p):
+    # The reference is today's path: right-padded rows, the whole LM head. Packing, the chunked
+    # head (chunk 3: the 5 samples' policy tokens do not divide by it) and both at once must
+    # give the same logprobs, entropies and gradients of every parameter.
     model = _model(arch, attn, lora)
     trajs = _trajs(97)
     padded = collate(trajs, 0, "cpu")
     packed = _packed_like(padded, trajs)
     assert packed.input_ids.shape[0] == 1 and packed.attention_mask is None
     results = []
-    for batch in (padded, packed):
+    for batch, chunk in ((padded, 0), (packed, 0), (padded, 3), (packed, 3), (packed, 1000)):
         model.zero_grad()
-        logp, ent = policy_forward(model, batch, 0.8, entropy=True, top_p=top_p)
+        logp, ent = policy_forward(model, batch, 0.8, entropy=True, top_p=top_p, chunk=chunk)
         (logp * torch.linspace(0.5, 1.5, logp.numel()).view_as(logp).double()).sum().backward()
         grads = {k: p.grad.clone() for k, p in model.named_parameters() if p.grad is not None}
         results.append((logp.detach(), ent, grads))
-    (lp_a, ent_a, g_a), (lp_b, ent_b, g_b) = results
-    assert lp_a.dtype == torch.float64
-    assert (lp_a - lp_b).abs().max() < 1e-10 and (ent_a - ent_b).abs().max() < 1e-10
-    assert g_a.keys() == g_b.keys() and len(g_a) > 0
-    assert max(float((g_a[k] - g_b[k]).abs().max()) for k in g_a) < 1e-10
+    lp_a, ent_a, g_a = results[0]
+    assert lp_a.dtype == torch.float64 and len(g_a) > 0
+    for lp_b, ent_b, g_b in results[1:]:
+        assert (lp_a - lp_b).abs().max() < 1e-10 and (ent_a - ent_b).abs().max() < 1e-10
+        assert g_a.keys() == g_b.keys()
+        assert max(float((g_a[k] - g_b[k]).abs().max()) for k in g_a) < 1e-10
 
 
 def test_packed_values_equal_the_padded_ones():

@@ -50,7 +50,7 @@ def _saved_figures():
 
 @pytest.mark.parametrize("scores", [(0.25, 0.5), (0.0, 0.0)], ids=["values", "all-zero"])
 def test_em_png_labels_its_bars_and_shows_zero_bars(tmp_path, scores):
-    from zsearch_cli.commands.evaluate import plot_em
+    from zsearch_cli.commands.eval_report import plot_em
 
     _summary(tmp_path, "demo", "agent", scores[0])
     _summary(tmp_path, "demo", "rag", scores[1])

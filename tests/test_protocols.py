@@ -8,6 +8,7 @@ import json
 import pytest
 
 from zsearch_cli import prompts
+from zsearch_cli.errors import ZsearchError
 from zsearch_cli.retrieval.base import Passage
 from zsearch_cli.rollout.protocols import (
     MAX_QUERIES,
@@ -44,7 +45,7 @@ def test_registry_is_a_plain_dict_of_classes() -> None:
     assert type(PROTOCOLS) is dict
     assert PROTOCOLS == {"tags": TagsProtocol, "tool_call": ToolCallProtocol}
     assert isinstance(get_protocol("tags"), Protocol)
-    with pytest.raises(ValueError, match="tool_call"):
+    with pytest.raises(ZsearchError, match="unknown --protocol 'xml': use one of tags, tool_call"):
         get_protocol("xml")
 
 

@@ -5,16 +5,19 @@ hold NaN / −inf garbage on purpose."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
 
-from zsearch_cli.algos import Correction, CorrectionConfig, rollout_correction
+from zsearch_cli.algos import Correction, check_correction, rejection_bounds, rollout_correction
 from zsearch_cli.algos.common import k3_kl, seq_mean_token_mean
 from zsearch_cli.algos.grpo import GRPOConfig, grpo_policy_loss
 from zsearch_cli.algos.gspo import GSPOConfig, gspo_policy_loss
 from zsearch_cli.algos.hrpo import HRPOConfig, hrpo_policy_loss
 from zsearch_cli.algos.ppo import PPOConfig, ppo_policy_loss
+from zsearch_cli.config.parts import CorrectionOptions
+from zsearch_cli.errors import ZsearchError
 
 NAN = float("nan")
 
@@ -34,7 +37,7 @@ OLD = torch.where(MASK, ROLLOUT + RHO.log(), torch.tensor(float("-inf")))
 
 
 def corr(**kw) -> Correction:
-    return rollout_correction(OLD, ROLLOUT, MASK, CorrectionConfig(**kw))
+    return rollout_correction(OLD, ROLLOUT, MASK, CorrectionOptions(**kw))
 
 
 def test_no_correction_is_all_ones_and_keeps_the_mask():
@@ -46,25 +49,25 @@ def test_no_correction_is_all_ones_and_keeps_the_mask():
 
 def test_token_tis_hand_values_with_the_cap():
     # w = min(ρ, 2): [0.4, 1, 2 (3 capped)], [1.5, 1.2, 1 (padding)]
-    c = corr(is_mode="token")
+    c = corr(rollout_is="token")
     close(c.weights, [[0.4, 1.0, 2.0], [1.5, 1.2, 1.0]])
     assert torch.equal(c.keep, MASK)
     close(c.stats["weight_mean"], (0.4 + 1.0 + 2.0 + 1.5 + 1.2) / 5)  # 1.22
     close(c.stats["weight_max"], 2.0)
     close(c.stats["truncated_frac"], 1 / 5)  # only the 3.0
     # a cap of 1.3 truncates 3.0 and 1.5: 2 of 5
-    c = corr(is_mode="token", is_cap=1.3)
+    c = corr(rollout_is="token", rollout_is_cap=1.3)
     close(c.weights, [[0.4, 1.0, 1.3], [1.3, 1.2, 1.0]])
     close(c.stats["truncated_frac"], 2 / 5)
 
 
 def test_sequence_tis_is_the_capped_product():
     # w_0 = min(0.4·1·3, 2) = 1.2, w_1 = min(1.5·1.2, 2) = 1.8, on every policy token
-    c = corr(is_mode="sequence")
+    c = corr(rollout_is="sequence")
     close(c.weights, [[1.2, 1.2, 1.2], [1.8, 1.8, 1.0]])
     close(c.stats["truncated_frac"], 0.0)
     # C = 1.6 caps row 1 (1.8 -> 1.6): its 2 tokens of 5 are truncated
-    c = corr(is_mode="sequence", is_cap=1.6)
+    c = corr(rollout_is="sequence", rollout_is_cap=1.6)
     close(c.weights, [[1.2, 1.2, 1.2], [1.6, 1.6, 1.0]])
     close(c.stats["truncated_frac"], 2 / 5)
     close(c.stats["weight_max"], 1.6)
@@ -73,7 +76,7 @@ def test_sequence_tis_is_the_capped_product():
 
 def test_sequence_tis_of_a_huge_mismatch_is_the_cap_not_inf():
     old = torch.zeros(1, 200)
-    c = rollout_correction(old, old - 1.0, torch.ones(1, 200), CorrectionConfig(is_mode="sequence"))
+    c = rollout_correction(old, old - 1.0, torch.ones(1, 200), CorrectionOptions(rollout_is="sequence"))
     # Π ρ = e^200 overflows fp32; the weight is still exactly C and the stats are finite
     assert torch.all(c.weights == 2.0)
     assert all(torch.isfinite(v) for v in c.stats.values())
@@ -82,7 +85,7 @@ def test_sequence_tis_of_a_huge_mismatch_is_the_cap_not_inf():
 
 def test_token_rejection_icepop_band():
     # default band [0.5, 2.0]: 0.4 and 3.0 are outside, 1.0, 1.5, 1.2 inside
-    c = corr(rs_mode="token")
+    c = corr(rollout_rs="token")
     assert c.keep.tolist() == [[False, True, False], [True, True, False]]
     close(c.stats["rejected_frac"], 2 / 5)
     close(c.stats["rejected_seq_frac"], 0.0)
@@ -91,43 +94,50 @@ def test_token_rejection_icepop_band():
 
 def test_sequence_and_geometric_rejection_differ():
     # band [0.5, 1.1]. product: 1.2 and 1.8 both > 1.1 -> every token rejected.
-    c = corr(rs_mode="sequence", rs_low=0.5, rs_high=1.1)
+    c = corr(rollout_rs="sequence", rollout_rs_low=0.5, rollout_rs_high=1.1)
     assert not c.keep.any()
     close(c.stats["rejected_frac"], 1.0)
     close(c.stats["rejected_seq_frac"], 1.0)
     assert c.kept_rows.tolist() == [False, False]
     close(c.stats["weight_mean"], 0.0)  # no kept token: 0 by convention
     # geometric mean: 1.0627 inside, 1.3416 outside -> row 1 only
-    c = corr(rs_mode="geometric", rs_low=0.5, rs_high=1.1)
+    c = corr(rollout_rs="geometric", rollout_rs_low=0.5, rollout_rs_high=1.1)
     assert c.keep.tolist() == [[True, True, True], [False, False, False]]
     close(c.stats["rejected_frac"], 2 / 5)
     close(c.stats["rejected_seq_frac"], 1 / 2)
     # band [0.5, 1.5]: product 1.2 in, 1.8 out
-    c = corr(rs_mode="sequence", rs_high=1.5)
+    c = corr(rollout_rs="sequence", rollout_rs_high=1.5)
     assert c.keep.tolist() == [[True, True, True], [False, False, False]]
 
 
 def test_is_and_rejection_together():
     # token TIS + token rejection: kept tokens carry their capped weight
-    c = corr(is_mode="token", rs_mode="token")
+    c = corr(rollout_is="token", rollout_rs="token")
     assert c.keep.tolist() == [[False, True, False], [True, True, False]]
     close(c.stats["weight_mean"], (1.0 + 1.5 + 1.2) / 3)  # over the kept tokens only
     close(c.stats["truncated_frac"], 0.0)  # the capped 3.0 was rejected
 
 
 def test_default_bounds_and_validation():
-    assert CorrectionConfig(rs_mode="token").bounds == (0.5, 2.0)
-    assert CorrectionConfig(rs_mode="sequence").bounds == (0.5, 2.0)
-    low, high = CorrectionConfig(rs_mode="geometric").bounds
+    assert rejection_bounds(CorrectionOptions(rollout_rs="token")) == (0.5, 2.0)
+    assert rejection_bounds(CorrectionOptions(rollout_rs="sequence")) == (0.5, 2.0)
+    low, high = rejection_bounds(CorrectionOptions(rollout_rs="geometric"))
     assert high == 1.001 and low == pytest.approx(1 / 1.001)
-    assert CorrectionConfig(rs_mode="token", rs_high=4.0).bounds == (0.25, 4.0)
-    assert CorrectionConfig(rs_mode="token", rs_low=0.1, rs_high=4.0).bounds == (0.1, 4.0)
-    bad = [dict(is_mode="tok"), dict(rs_mode="seq"), dict(is_cap=0.5), dict(is_cap=float("inf")),
-           dict(rs_low=0.5), dict(rs_mode="token", rs_low=1.5), dict(rs_mode="token", rs_high=0.9),
-           dict(rs_mode="token", rs_low=-1.0), dict(rs_mode="geometric", rs_high=True)]
-    for kw in bad:
-        with pytest.raises(ValueError) as err:
-            CorrectionConfig(**kw)
+    assert rejection_bounds(CorrectionOptions(rollout_rs="token", rollout_rs_high=4.0)) == (0.25, 4.0)
+    assert rejection_bounds(CorrectionOptions(rollout_rs="token", rollout_rs_low=0.1, rollout_rs_high=4.0)) == (0.1, 4.0)
+    check_correction(CorrectionOptions(rollout_is="sequence", rollout_rs="token"))  # a valid one passes
+    # each value by its option's declaration (choices, range), then the rules between them
+    bad = [(dict(rollout_is="tok"), "unknown --rollout-is 'tok': use one of none, token, sequence"),
+           (dict(rollout_rs="seq"), "unknown --rollout-rs 'seq'"),
+           (dict(rollout_is_cap=0.5), "--rollout-is-cap must be >= 1"),
+           (dict(rollout_is_cap=float("inf")), "--rollout-is-cap must be >= 1"),
+           (dict(rollout_rs_low=0.5), "--rollout-rs is none"),
+           (dict(rollout_rs="token", rollout_rs_low=1.5), "must contain 1"),
+           (dict(rollout_rs="token", rollout_rs_high=0.9), "must contain 1"),
+           (dict(rollout_rs="token", rollout_rs_low=-1.0), "--rollout-rs-low must be > 0")]
+    for kw, message in bad:
+        with pytest.raises(ZsearchError, match=re.escape(message)) as err:
+            check_correction(CorrectionOptions(**kw))
         assert "\n" not in str(err.value)
 
 
@@ -148,14 +158,14 @@ def test_diagnostics_hand_values():
                             "truncated_frac", "rejected_frac", "rejected_seq_frac"}
     assert all(v.dim() == 0 and not v.requires_grad for v in c.stats.values())
     # the diagnostics are computed before rejection: the same with token rejection on
-    r = corr(rs_mode="token", is_mode="token")
+    r = corr(rollout_rs="token", rollout_is="token")
     for key in ("k3_kl", "chi2_token", "chi2_seq"):
         assert torch.equal(r.stats[key], c.stats[key])
 
 
 def test_diagnostics_of_an_all_masked_batch_are_zero():
     m = torch.zeros(2, 3, dtype=torch.bool)
-    c = rollout_correction(torch.full((2, 3), NAN), torch.full((2, 3), NAN), m, CorrectionConfig(is_mode="token"))
+    c = rollout_correction(torch.full((2, 3), NAN), torch.full((2, 3), NAN), m, CorrectionOptions(rollout_is="token"))
     assert all(float(v) == 0.0 for v in c.stats.values())
     assert not c.keep.any() and torch.equal(c.weights, torch.ones(2, 3))
 
@@ -172,7 +182,7 @@ ADV = torch.tensor([1.0, -2.0])
 
 
 def test_rejected_token_leaves_the_denominator_grpo():
-    c = rollout_correction(DEN_OLD, DEN_ROLLOUT, MASK, CorrectionConfig(rs_mode="token"))
+    c = rollout_correction(DEN_OLD, DEN_ROLLOUT, MASK, CorrectionOptions(rollout_rs="token"))
     assert c.keep.tolist() == [[True, True, False], [True, True, False]]
     cfg = GRPOConfig(beta=0.0)
     loss, _ = grpo_policy_loss(DEN_LOGP, DEN_OLD, ADV, MASK & c.keep, cfg, weights=c.weights)
@@ -185,7 +195,7 @@ def test_rejected_token_leaves_the_denominator_grpo():
 
 
 def test_rejected_token_leaves_the_denominator_ppo():
-    c = rollout_correction(DEN_OLD, DEN_ROLLOUT, MASK, CorrectionConfig(rs_mode="token"))
+    c = rollout_correction(DEN_OLD, DEN_ROLLOUT, MASK, CorrectionOptions(rollout_rs="token"))
     adv = ADV[:, None].expand(2, 3)
     loss, _ = ppo_policy_loss(DEN_LOGP, DEN_OLD, adv, MASK & c.keep, PPOConfig(), weights=c.weights)
     # token mean over the 4 kept tokens: (−1.1 − 0.9 + 2.1 + 1.9)/4 = 0.5
@@ -197,7 +207,7 @@ def test_rejected_token_leaves_the_denominator_ppo():
 def test_a_fully_rejected_sequence_contributes_nothing():
     # π_old/π_rollout = 3 on token (1, 0) only: row 1's product is 3 > 2, row 0's is 1
     rollout = DEN_OLD - torch.tensor([[0.0, 0.0, 0.0], [math.log(3.0), 0.0, 0.0]])
-    c = rollout_correction(DEN_OLD, rollout, MASK, CorrectionConfig(rs_mode="sequence"))
+    c = rollout_correction(DEN_OLD, rollout, MASK, CorrectionOptions(rollout_rs="sequence"))
     assert c.kept_rows.tolist() == [True, False]
     lp = DEN_LOGP.clone().requires_grad_(True)
     loss, _ = grpo_policy_loss(lp, DEN_OLD, ADV, MASK & c.keep, GRPOConfig(beta=0.0), weights=c.weights)
@@ -235,7 +245,7 @@ LOSSES = [
 def test_on_policy_correction_changes_nothing(loss_fn, cfg, token_adv, mode):
     logp, old, ref, mask = random_batch()
     adv = torch.randn(4, 6) if token_adv else torch.randn(4)
-    c = rollout_correction(old, old.clone(), mask, CorrectionConfig(is_mode=mode, rs_mode=mode))
+    c = rollout_correction(old, old.clone(), mask, CorrectionOptions(rollout_is=mode, rollout_rs=mode))
     assert torch.equal(c.weights, torch.ones(4, 6)) and torch.equal(c.keep, mask)
     a = logp.clone().requires_grad_(True)
     b = logp.clone().requires_grad_(True)

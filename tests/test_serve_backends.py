@@ -8,6 +8,7 @@ test_serve_scale.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from contextlib import contextmanager
@@ -19,7 +20,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 import requests
 
-from zsearch_cli.commands.serve import ServePlan, build_app
+from zsearch_cli.commands.serve import PLAN_ENV, ServePlan, build_app, plan_from_options, worker_app
 from zsearch_cli.retrieval.server import serving
 from zsearch_cli.search.base import SearchRequest
 from zsearch_cli.search.simulated import SimConfig, SimulatedSearch
@@ -170,3 +171,29 @@ def test_serpapi_cache_second_identical_request_makes_no_network_call(tmp_path: 
             assert len(seen) == 3 and seen[-1]["engine"] == "bing"
     # The key is in neither the cache file nor what /health shows.
     assert SECRET.encode() not in cache.read_bytes() and SECRET not in json.dumps(health)
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+def test_the_plan_carries_every_serve_option_to_a_worker(monkeypatch) -> None:
+    from zsearch_cli.config.commands import ServeOptions
+    from zsearch_cli.config.fields import leaves, to_flat
+
+    opts = ServeOptions.from_flat(search=" http://127.0.0.1:9,http://127.0.0.1:10 ", index=Path("idx"), workers=3,
+                                  port=0, max_topk=7, cache_size=11, cache_mb=2, serpapi_cache=Path("c.sqlite"))
+    plan = plan_from_options(opts)
+    # every option by its flat name, none listed by hand: a new ServeOptions field travels too
+    assert set(plan.options) == set(leaves(ServeOptions))
+    # what `--workers N` hands each worker: JSON in the environment, back to the same plan
+    monkeypatch.setenv(PLAN_ENV, json.dumps(dataclasses.asdict(plan)))
+    back = ServePlan(**json.loads(json.dumps(dataclasses.asdict(plan))))
+    assert back == plan
+    expected = {**to_flat(opts), "search": "http://127.0.0.1:9,http://127.0.0.1:10", "index": "idx",
+                "serpapi_cache": "c.sqlite"}
+    assert to_flat(back.serve_options) == expected
+    app = worker_app()  # builds the proxy; nothing is asked of the replicas until a request comes
+    assert app.state.service.source.client.urls == ["http://127.0.0.1:9", "http://127.0.0.1:10"]
+    assert app.state.service.cache.stats()["capacity"] == 11 and app.state.service.cache.max_bytes == 2 << 20
+    with pytest.raises(TypeError, match="no option"):
+        ServePlan(cache_bytes=1 << 20)  # not an option (cache_mb is): refused at once, not in a worker

@@ -60,7 +60,10 @@ def _update(model_dir, samples, sampler_shift: dict[tuple[int, int], float] | No
     policy, _ = load_policy(cfg, "cpu", "float32")
     trajs = [s.trajectory for s in samples]
     with torch.no_grad():
-        true, _ = policy_forward(policy, collate(trajs, 0, "cpu"), 1.0)  # [N, T]
+        # the trainer's own forward (its LM head: chunked unless --logits-chunk 0), so that an
+        # unshifted token's ratio is exactly 1
+        chunk = cfg.batch.logits_chunk
+        true, _ = policy_forward(policy, collate(trajs, 0, "cpu"), 1.0, chunk=-1 if chunk is None else chunk)  # [N, T]
     for i, t in enumerate(trajs):  # a sampler that agrees with the policy, except where planted
         t.logprobs = [float(true[i, j]) - (sampler_shift or {}).get((i, j), 0.0) if k else 0.0
                       for j, k in enumerate(t.loss_mask)]
@@ -145,7 +148,7 @@ def test_token_tis_caps_the_weights(tiny_model_dir):
     (dict(on_collapse="rollback", save_every=0), "needs checkpoints"),
     (dict(on_collapse="rollback", rollout_overlap=1), "rollback with --rollout-overlap"),
     (dict(on_collapse="panic"), "unknown --on-collapse"),
-    (dict(rollout_rs="tok"), "rs_mode must be one of"),
+    (dict(rollout_rs="tok"), "unknown --rollout-rs .tok.: use one of none, token, sequence, geometric"),
     (dict(algo="gspo", loss_agg="seq-mean-token-sum-norm"), "loss_agg must be one of"),
 ])
 def test_unsafe_combinations_are_one_line_errors(overrides, message):
@@ -158,7 +161,7 @@ def test_paper_defaults_of_the_aggregation():
     assert algo_config(resolve_config(TrainConfig.from_flat(algo="ppo"))).loss_agg == "token-mean"
     for algo in ("grpo", "reinforce", "gspo", "dspo", "hrpo"):
         assert algo_config(resolve_config(TrainConfig.from_flat(algo=algo))).loss_agg == "seq-mean-token-mean"
-    assert resolve_config(TrainConfig.from_flat(algo="grpo")).loss_agg == "seq-mean-token-mean"  # recorded, never null
+    assert resolve_config(TrainConfig.from_flat(algo="grpo")).loss.loss_agg == "seq-mean-token-mean"  # recorded, never null
 
 
 @pytest.mark.parametrize("algo", ["grpo", "gspo"])

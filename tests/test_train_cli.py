@@ -80,7 +80,7 @@ def test_preset_values_yield_to_flags_and_config_file(tmp_path, monkeypatch):
     monkeypatch.setattr("zsearch_cli.train.trainer.run_training", lambda cfg, **kw: seen.append(cfg))
     _ok(["train", "--preset", "search-r1", "--lr", "1e-5", "--out", str(tmp_path)])
     cfg = seen[-1]
-    assert (cfg.algo, cfg.optim.lr, cfg.critic_lr, cfg.beta, cfg.clip_eps, cfg.steps, cfg.rollout.max_turns) == \
+    assert (cfg.algo, cfg.optim.lr, cfg.critic_lr, cfg.loss.beta, cfg.clip_eps, cfg.steps, cfg.rollout.max_turns) == \
         ("ppo", 1e-5, 1e-5, 0.001, 0.2, 500, 4)
     conf = tmp_path / "train.yaml"
     conf.write_text("steps: 7\nalgo: grpo\n")

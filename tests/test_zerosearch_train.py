@@ -35,7 +35,7 @@ def val_qa(tmp_path_factory) -> Path:
      "--noise-start/--noise-schedule only applies to the simulated search"),
     (["--search", "sim:m?noise_end=0.75", "--noise-end", "0.5"], "--noise-end and --search …?noise_end= both set it"),
     (["--search", "sim:m", "--noise-end", "1.5"], "--noise-end must be >= 0 and <= 1, got 1.5"),
-    (["--search", "sim:m", "--noise-schedule", "linear"], "unknown noise schedule 'linear'"),
+    (["--search", "sim:m", "--noise-schedule", "linear"], "unknown --noise-schedule 'linear': use one of curriculum, fixed"),
     (["--search", "sim:m", "--topk", "6"], "--topk 6: the ZeroSearch simulator writes 5 documents"),
     (["--val-data", "v.jsonl", "--val-search", "sim:m"], "--val-search sim:m is the simulator"),
     (["--search", "sim:m", "--val-data", "v.jsonl", "--val-search", "sim+http://127.0.0.1:9/v1"],
@@ -59,7 +59,7 @@ def test_zerosearch_preset_sets_the_paper_values_for_the_simulator_only(tmp_path
         return seen[-1]
 
     cfg = train("--search", "sim:sim-model")
-    assert (cfg.algo, cfg.reward, cfg.group_size, cfg.rollout.topk, cfg.rollout.max_turns, cfg.steps, cfg.optim.lr, cfg.beta) == \
+    assert (cfg.algo, cfg.reward, cfg.group_size, cfg.rollout.topk, cfg.rollout.max_turns, cfg.steps, cfg.optim.lr, cfg.loss.beta) == \
         ("reinforce", "f1", 5, 5, 5, 200, 1e-6, 0.001)
     assert (cfg.sim.noise_start, cfg.sim.noise_end, cfg.sim.noise_base, cfg.sim.noise_schedule) == (0.0, 0.25, 4.0, "curriculum")
     assert train("--search", "sim:sim-model", "--noise-end", "0.75").sim.noise_end == 0.75  # a flag wins

@@ -99,7 +99,8 @@ def serve(ctx: typer.Context, given: dict) -> None:
 @command(EvalOptions, name="eval")
 def eval_(ctx: typer.Context, given: dict) -> None:
     """Evaluate a model (EM, F1, subEM) per dataset, or score a predictions file."""
-    from zsearch_cli.commands.evaluate import evaluate, score_predictions
+    from zsearch_cli.commands.eval_predictions import score_predictions
+    from zsearch_cli.commands.evaluate import evaluate
 
     opts, options = build(EvalOptions, given), resolved_options(ctx)
     if opts.predictions is not None:

@@ -125,21 +125,18 @@ def command_key(ctx: Any) -> str:
 
 
 def check_ranges(ctx: Any, values: dict[str, Any]) -> None:
-    """Refuse a numeric option outside its declared range (declared on its field,
-    :func:`cli_options.option`),
-    naming the flag, or the config file and key that set it."""
+    """Refuse a number outside its declared range, or a text option's value outside its
+    declared choices (both declared on its field, ``config.fields.option``), naming the flag,
+    or the config file and key that set it."""
     command = command_key(ctx)
     params = {p.name: p for p in ctx.command.params} if ctx is not None else {}
     for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        rng = range_for(command, name)
-        if rng is None or rng.contains(value):
+        rule = range_for(command, name)
+        if rule is None or rule.admits(value):
             continue
         where = _source(ctx, name)
         flag = _flag(params[name]) if name in params else f"--{name.replace('_', '-')}"
-        prefix = f"{where} ({flag})" if where != "flag" else flag
-        raise ZsearchError(f"{prefix} must be {rng.describe()}, got {value!r}")
+        raise ZsearchError(rule.refusal(f"{where} ({flag})" if where != "flag" else flag, value))
 
 
 class OneLineErrors(TyperGroup):
@@ -174,7 +171,7 @@ class OneLineErrors(TyperGroup):
 
 
 def show_ranges_in_help(commands: dict[str, Any], prefix: str = "") -> None:
-    """Append each numeric option's accepted range to its help text, so ``--help`` says
+    """Append each option's accepted range or choices to its help text, so ``--help`` says
     what the check in :func:`check_ranges` will accept (``prefix``: a subgroup's name)."""
     for name, cmd in commands.items():
         for p in getattr(cmd, "params", []):

@@ -19,7 +19,7 @@ from zsearch_cli.config.commands import GenerateOptions
 from zsearch_cli.config.fields import build, leaves
 from zsearch_cli.config.ranges import Range
 from zsearch_cli.presets import PRESETS, apply_preset
-from zsearch_cli.commands.drzero import DrZeroOptions
+from zsearch_cli.commands.drzero import PROPOSER_UNUSED, DrZeroOptions
 from zsearch_cli.train.config import TrainConfig
 
 SOLVE_EXCLUDES = ("algo", "preset", "protocol", "sim", "validation", "ppo_epochs", "mini_batch_size", "critic_lr",
@@ -27,12 +27,11 @@ SOLVE_EXCLUDES = ("algo", "preset", "protocol", "sim", "validation", "ppo_epochs
                   "format_bonus", "rollout_overlap")
 """What ``solve`` leaves out of TrainConfig: GRPO's own settings (the drzero-solver preset's), the
 protocol (Dr. Zero's tool calls), the simulator and validation. Every other option, a new one
-included, reaches it."""
+included, reaches it, and drzero's solve step (tests/test_drzero_parity.py)."""
 
-PROPOSE_EXCLUDES = (*SOLVE_EXCLUDES, "train_data", "group_size", "beta", "loss_agg", "rollout_is", "rollout_is_cap",
-                    "rollout_rs", "rollout_rs_low", "rollout_rs_high")
-"""``propose`` leaves out the same and HRPO's fixed settings (one question per prompt, β = 0): it is
-on-policy, with no ratio for a rollout correction to weight."""
+PROPOSE_EXCLUDES = (*SOLVE_EXCLUDES, *PROPOSER_UNUSED)
+"""``propose`` leaves out the same and what HRPO has no use for (``drzero.PROPOSER_UNUSED``, which
+the loop's propose step leaves out too)."""
 
 PROPOSE_DEFAULTS = {"index": Path("runs/index")}
 SOLVE_DEFAULTS = {"out": Path("runs/solve")}

@@ -23,7 +23,7 @@ import typer
 
 from zsearch_cli.cli_base import (CONFIG_ALIASES, ConfigOption, PrintConfigOption, config_yaml, one_line_errors,
                                   restore_run_config, write_run_config)
-from zsearch_cli.config.fields import Option, fields_of
+from zsearch_cli.config.fields import Option, narrowed
 from zsearch_cli.config.ranges import RANGES, Range
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.progress import StopSignals
@@ -48,10 +48,8 @@ def command_options(*classes: type, exclude: tuple[str, ...] = (),
     narrows by exclusion, so an option added to a part reaches it."""
     out: dict[str, Option] = {}
     for cls in classes:
-        for name, opt in fields_of(cls).items():
-            if name in exclude or any(p in exclude for p in opt.path) or name in out:
-                continue
-            out[name] = opt
+        for name, opt in narrowed(cls, exclude).items():
+            out.setdefault(name, opt)
     for name, value in (defaults or {}).items():
         if name in out:
             out[name] = dataclasses.replace(out[name], default=value)

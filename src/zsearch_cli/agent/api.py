@@ -10,6 +10,7 @@ import logging
 import math
 from typing import Any
 
+from zsearch_cli import http_json
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.rollout.trajectory import Trajectory
 from zsearch_cli.search.base import SearchBackendError
@@ -25,13 +26,13 @@ KNOWN = {"user", "metadata", "store", "stream_options", "model", "messages", "te
 """Parameters read below, or (user, metadata, store) accepted and ignored; any other is a 400."""
 
 
-class RequestError(Exception):
+class RequestError(http_json.RequestError):
     """Answered with ``status`` and OpenAI's ``{"error": {"message", "type", "param", "code"}}``."""
 
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
                  kind: str = "invalid_request_error"):
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = status, message, param, code, kind
+        super().__init__(status, message)
+        self.param, self.code, self.kind = param, code, kind
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
@@ -81,14 +82,7 @@ def _content(message: dict, i: int) -> str:
 def parse_request(body: bytes, model_names: tuple[str, ...], defaults: Job) -> Job:
     """A :class:`Job` from a /v1/chat/completions body, or a :class:`RequestError`.
     ``defaults`` holds the server's sampling and its per-turn token cap."""
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise RequestError(400, f"body is not valid JSON ({err})") from None
-    except RecursionError:
-        raise RequestError(400, "body is not valid JSON (nested too deeply)") from None
-    if not isinstance(data, dict):
-        raise RequestError(400, f"body must be a JSON object, got {type(data).__name__}")
+    data = http_json.parse_object(body, RequestError)
     for key, value in data.items():
         if key in KNOWN or value is None or (key in NEUTRAL and value == NEUTRAL[key]
                                                   and isinstance(value, bool) == isinstance(NEUTRAL[key], bool)):

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 import threading
 import time
 import uuid
@@ -29,10 +28,10 @@ from typing import Any, AsyncIterator, Callable
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from zsearch_cli.agent.api import (Job, RequestError, answer_of, failure, parse_request, trajectory_view, turn_view,
                                    usage_of)
+from zsearch_cli.http_json import answer_http_errors_in_json, dumps, error_response, json_response, read_body
 from zsearch_cli.models.base import mix_seed
 from zsearch_cli.rollout.engine import QARow, RolloutEngine
 from zsearch_cli.rollout.trajectory import Trajectory
@@ -114,9 +113,12 @@ class AgentService:
                 "protocol": self.engine.protocol.name, "max_turns": c.max_turns, "max_turn_tokens": c.max_turn_tokens}
 
 
-def dumps(obj: Any) -> bytes:
-    """Compact UTF-8 JSON (a lone surrogate in decoded model text becomes '?', never an error)."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "replace")
+def check_length(length: str | None, limit: int, error: type[RequestError]) -> None:
+    """The agent's refusal by ``Content-Length``: one 413 for a header that is no byte count
+    or is over ``limit`` (the retrieval server tells the two apart, 400 and 413); kept as the
+    agent has always answered."""
+    if length is not None and (not length.isdigit() or int(length) > limit):
+        raise error(413, f"body too large or bad Content-Length {length[:20]!r} (limit {limit} bytes)")
 
 
 def create_app(engine: RolloutEngine, model_name: str, max_concurrent: int = 16, seed: int = 0,
@@ -126,22 +128,6 @@ def create_app(engine: RolloutEngine, model_name: str, max_concurrent: int = 16,
     names = (model_name, *aliases)
     app = FastAPI(title="zsearch agent server", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.service = service
-
-    def json_response(obj: Any, status: int = 200) -> Response:
-        return Response(dumps(obj), status_code=status, media_type="application/json")
-
-    async def read_body(request: Request) -> bytes:
-        length = request.headers.get("content-length")
-        if length is not None and (not length.isdigit() or int(length) > max_body_bytes):
-            raise RequestError(413, f"body too large or bad Content-Length {length[:20]!r} "
-                                    f"(limit {max_body_bytes} bytes)")
-        chunks, size = [], 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_body_bytes:
-                raise RequestError(413, f"body too large: over {max_body_bytes} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
 
     def head(kind: str) -> dict[str, Any]:
         return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": kind, "created": int(time.time()), "model": model_name}
@@ -213,20 +199,20 @@ def create_app(engine: RolloutEngine, model_name: str, max_concurrent: int = 16,
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         try:
-            job = parse_request(await read_body(request), names, service.defaults())
+            body = await read_body(request, max_body_bytes, RequestError, check_length)
+            job = parse_request(body, names, service.defaults())
         except RequestError as err:
-            return json_response(err.body(), err.status)
+            return error_response(err)
         if not service.slots.acquire(blocking=False):
-            busy = RequestError(429, f"server busy: {max_concurrent} requests in flight", kind="rate_limit_exceeded")
-            return json_response(busy.body(), 429)
+            return error_response(RequestError(429, f"server busy: {max_concurrent} requests in flight",
+                                               kind="rate_limit_exceeded"))
         if job.stream:  # the slot is released when the rollout ends
             return StreamingResponse(stream(job), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         try:
             return json_response(await run_in_threadpool(complete, job))
         except Exception as err:  # noqa: BLE001 (one JSON error, never a traceback)
-            refusal = failure(err)
-            return json_response(refusal.body(), refusal.status)
+            return error_response(failure(err))
 
     @app.get("/v1/models")
     async def models() -> Response:
@@ -237,11 +223,7 @@ def create_app(engine: RolloutEngine, model_name: str, max_concurrent: int = 16,
     async def health() -> Response:
         return json_response(service.health())
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        err = RequestError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}")
-        return json_response(err.body(), exc.status_code)
-
+    answer_http_errors_in_json(app, RequestError)
     return app
 
 

@@ -21,7 +21,7 @@ loop drives every entry the same way::
         adv = spec.advantages(rewards, group_ids, cfg)     # [N]
 
     # optional rollout correction (docs/methods.md §4.8), rollout_logp [N, T] from the sampler:
-    corr = rollout_correction(old_logp, rollout_logp, mask, CorrectionConfig(...))  # weights, keep, stats
+    corr = rollout_correction(old_logp, rollout_logp, mask, cfg.correction)  # weights, keep, stats
 
     for minibatch in ...:                                  # spec.on_policy: exactly one update
         logp = gather_logprobs(model(...))                 # [B, T], with grad
@@ -67,7 +67,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from zsearch_cli.algos.common import LOSS_AGG_MODES, aggregate, entropy_from_logits
-from zsearch_cli.algos.correction import Correction, CorrectionConfig, rollout_correction
+from zsearch_cli.algos.correction import Correction, check_correction, rejection_bounds, rollout_correction
 from zsearch_cli.algos.dspo import (
     DSPOConfig,
     DSPOTokenConfig,
@@ -186,7 +186,6 @@ __all__ = [
     "AlgoConfig",
     "AlgoSpec",
     "Correction",
-    "CorrectionConfig",
     "DSPOConfig",
     "DSPOTokenConfig",
     "GRPOConfig",
@@ -196,9 +195,11 @@ __all__ = [
     "PPOConfig",
     "ReinforceConfig",
     "aggregate",
+    "check_correction",
     "entropy_from_logits",
     "filter_mixed_groups",
     "first_groups",
     "need_more",
+    "rejection_bounds",
     "rollout_correction",
 ]

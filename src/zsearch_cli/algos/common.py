@@ -23,6 +23,9 @@ from collections.abc import Hashable, Sequence
 import torch
 from torch import Tensor
 
+from zsearch_cli.config.fields import choices_of
+from zsearch_cli.config.parts import LossOptions
+
 GroupIds = Sequence[Hashable] | Tensor
 """One key per sample: the prompt's unique id (GRPO family) or the hop count (HRPO)."""
 
@@ -53,7 +56,7 @@ def seq_mean_token_mean(x: Tensor, mask: Tensor) -> Tensor:
     return masked_mean(x, mask, dim=-1).mean()
 
 
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+LOSS_AGG_MODES = choices_of(LossOptions, "loss_agg")  # declared once, on the --loss-agg option
 """Loss aggregations (verl's ``loss_agg_mode`` names; docs/methods.md §4.8)."""
 
 

@@ -31,74 +31,47 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 from torch import Tensor
 
 from zsearch_cli.algos.common import bool_mask, masked_max, masked_mean, masked_sum
-
-IS_MODES = ("none", "token", "sequence")
-RS_MODES = ("none", "token", "sequence", "geometric")
+from zsearch_cli.config.fields import check_options
+from zsearch_cli.config.parts import CorrectionOptions
+from zsearch_cli.errors import ZsearchError
 
 RS_DEFAULT_HIGH = {"token": 2.0, "sequence": 2.0, "geometric": 1.001}
-"""Upper rejection bound when ``rs_high`` is None (verl's presets: 2.0 for token and sequence
-ratios, 1.001 for the geometric mean, which is close to 1 for any long sequence); the lower
-bound defaults to 1/high (verl's ``rollout_rs_threshold_lower``), so token rejection keeps
-[0.5, 2.0], IcePop's two-sided band."""
+"""Upper rejection bound when ``rollout_rs_high`` is None (verl's presets: 2.0 for token and
+sequence ratios, 1.001 for the geometric mean, which is close to 1 for any long sequence); the
+lower bound defaults to 1/high (verl's ``rollout_rs_threshold_lower``), so token rejection
+keeps [0.5, 2.0], IcePop's two-sided band."""
 
 LOG_SAFETY = 20.0
 """Exponents of sequence products are clamped to ≤ 20 in the diagnostics (e^40 ≈ 2.4e17 for
 the square), verl's safety bound, so a long mismatched sequence gives a large finite χ², not inf."""
 
 
-@dataclass(frozen=True)
-class CorrectionConfig:
-    """Rollout-correction settings (docs/methods.md §4.8). The default corrects nothing but
-    :func:`rollout_correction` still reports its diagnostics."""
-
-    is_mode: Literal["none", "token", "sequence"] = "none"
-    """Truncated IS weights: none (all 1), per token (min(ρ_t, C)) or per sequence (min(Π_t ρ_t, C))."""
-    is_cap: float = 2.0
-    """C, the truncation of the IS weights (verl ``rollout_is_threshold``, slime's TIS clip: 2.0); ≥ 1."""
-    rs_mode: Literal["none", "token", "sequence", "geometric"] = "none"
-    """Rejection: none, per token (IcePop), per sequence product (MIS), per sequence geometric mean."""
-    rs_low: float | None = None
-    """Lower rejection bound; None = 1/``rs_high`` (token 0.5, sequence 0.5, geometric 1/1.001)."""
-    rs_high: float | None = None
-    """Upper rejection bound; None = 2.0 (token, sequence) or 1.001 (geometric)."""
-
-    def __post_init__(self) -> None:
-        if self.is_mode not in IS_MODES:
-            raise ValueError(f"is_mode must be one of {', '.join(IS_MODES)}, not {self.is_mode!r}")
-        if self.rs_mode not in RS_MODES:
-            raise ValueError(f"rs_mode must be one of {', '.join(RS_MODES)}, not {self.rs_mode!r}")
-        if not _finite(self.is_cap) or self.is_cap < 1:
-            raise ValueError(f"is_cap must be a finite number >= 1 (an on-policy weight is 1), not {self.is_cap!r}")
-        for name in ("rs_low", "rs_high"):
-            value = getattr(self, name)
-            if value is not None and (not _finite(value) or value <= 0):
-                raise ValueError(f"{name} must be a positive finite number or None, not {value!r}")
-        if self.rs_mode == "none":
-            if self.rs_low is not None or self.rs_high is not None:
-                raise ValueError("rs_low/rs_high are set but rs_mode is 'none'; set rs_mode to token, sequence or geometric")
-            return
-        low, high = self.bounds
-        if not low <= 1.0 <= high:
-            raise ValueError(f"rejection bounds [{low}, {high}] must contain 1 (else on-policy tokens are rejected)")
-
-    @property
-    def bounds(self) -> tuple[float, float]:
-        """(low, high) of the rejection band after defaults; (0, inf) when ``rs_mode`` is none."""
-        if self.rs_mode == "none":
-            return 0.0, math.inf
-        high = RS_DEFAULT_HIGH[self.rs_mode] if self.rs_high is None else float(self.rs_high)
-        low = 1.0 / high if self.rs_low is None else float(self.rs_low)
-        return low, high
+def rejection_bounds(cfg: CorrectionOptions) -> tuple[float, float]:
+    """(low, high) of the rejection band after defaults; (0, inf) when ``rollout_rs`` is none."""
+    if cfg.rollout_rs == "none":
+        return 0.0, math.inf
+    high = RS_DEFAULT_HIGH[cfg.rollout_rs] if cfg.rollout_rs_high is None else float(cfg.rollout_rs_high)
+    low = 1.0 / high if cfg.rollout_rs_low is None else float(cfg.rollout_rs_low)
+    return low, high
 
 
-def _finite(x: object) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+def check_correction(cfg: CorrectionOptions) -> None:
+    """Refuse, in one line, settings the correction cannot run: each value as its option
+    declares it (modes, the cap >= 1, positive bounds), then the rules between them."""
+    check_options(cfg)
+    if cfg.rollout_rs == "none":
+        if cfg.rollout_rs_low is not None or cfg.rollout_rs_high is not None:
+            raise ZsearchError("--rollout-rs-low/--rollout-rs-high are set but --rollout-rs is none; "
+                               "set --rollout-rs to token, sequence or geometric")
+        return
+    low, high = rejection_bounds(cfg)
+    if not low <= 1.0 <= high:
+        raise ZsearchError(f"--rollout-rs bounds [{low}, {high}] must contain 1 (else on-policy tokens are rejected)")
 
 
 @dataclass(frozen=True)
@@ -106,7 +79,7 @@ class Correction:
     """What :func:`rollout_correction` returns."""
 
     weights: Tensor
-    """[B, T] float32, detached: the TIS weights on policy tokens, 1 elsewhere (all 1 for is_mode none)."""
+    """[B, T] float32, detached: the TIS weights on policy tokens, 1 elsewhere (all 1 for rollout_is none)."""
     keep: Tensor
     """[B, T] bool: ``mask`` and not rejected. Pass it (as the mask) to the policy loss."""
     stats: dict[str, Tensor] = field(default_factory=dict)
@@ -119,8 +92,9 @@ class Correction:
 
 
 @torch.no_grad()
-def rollout_correction(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, cfg: CorrectionConfig) -> Correction:
-    """TIS weights, rejection and mismatch diagnostics (docs/methods.md §4.8).
+def rollout_correction(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, cfg: CorrectionOptions) -> Correction:
+    """TIS weights, rejection and mismatch diagnostics (docs/methods.md §4.8). ``cfg``: the
+    run's correction part, checked once by :func:`check_correction`.
 
     old_logp (the trainer's π_old), rollout_logp (the sampler's), mask: [B, T]. Off the policy
     tokens the inputs may hold anything (NaN, −inf): they are masked before any maths.
@@ -135,7 +109,7 @@ def rollout_correction(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, cfg
       ``rejected_frac`` = share of mask tokens rejected; ``rejected_seq_frac`` = share of rows
       with a policy token that lost all of them;
     - over the kept tokens: ``weight_mean``, ``weight_max`` of the weights; ``truncated_frac``
-      = share whose weight was capped at C (0 for is_mode none).
+      = share whose weight was capped at C (0 for rollout_is none).
 
     An all-masked batch gives 0 for every stat.
     """
@@ -149,21 +123,21 @@ def rollout_correction(old_logp: Tensor, rollout_logp: Tensor, mask: Tensor, cfg
 
     # ---- truncated IS weights
     ones = torch.ones_like(log_rho)
-    if cfg.is_mode == "token":
+    if cfg.rollout_is == "token":
         raw = rho  # [B, T]
-    elif cfg.is_mode == "sequence":
+    elif cfg.rollout_is == "sequence":
         raw = torch.exp(seq_log.clamp(max=80.0))[:, None].expand_as(log_rho)  # [B, T]; e^80 is finite in fp32
     else:
         raw = ones
-    truncated = m & (raw > cfg.is_cap)  # [B, T]
-    weights = torch.where(m, raw.clamp(max=cfg.is_cap), ones)  # [B, T]
+    truncated = m & (raw > cfg.rollout_is_cap)  # [B, T]
+    weights = torch.where(m, raw.clamp(max=cfg.rollout_is_cap), ones)  # [B, T]
 
     # ---- rejection
-    low, high = cfg.bounds
-    if cfg.rs_mode == "token":
+    low, high = rejection_bounds(cfg)
+    if cfg.rollout_rs == "token":
         out = (rho < low) | (rho > high)  # [B, T]
-    elif cfg.rs_mode in ("sequence", "geometric"):
-        stat = seq_log if cfg.rs_mode == "sequence" else masked_mean(log_rho, m, dim=-1)  # [B]
+    elif cfg.rollout_rs in ("sequence", "geometric"):
+        stat = seq_log if cfg.rollout_rs == "sequence" else masked_mean(log_rho, m, dim=-1)  # [B]
         out = ((stat < math.log(low)) | (stat > math.log(high)))[:, None].expand_as(m)  # [B, T]
     else:
         out = torch.zeros_like(m)

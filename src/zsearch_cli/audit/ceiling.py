@@ -82,7 +82,7 @@ def gold_passages(index: Any, gold: Mapping[str, str]) -> dict[str, Any]:
         return {}
     rows: dict[str, int] = {}
     offset = 0
-    for chunk in index._table.column("id").chunks:
+    for chunk in index.column("id").chunks:
         hits = pc.indices_nonzero(pc.is_in(chunk, value_set=pa.array(wanted, pa.string())))
         for j in hits.to_pylist():
             rows.setdefault(chunk[j].as_py(), offset + j)

@@ -70,7 +70,7 @@ class AnswerLocator:
     ``index`` is a loaded :class:`~zsearch_cli.retrieval.index.SearchIndex` with a BM25 part."""
 
     def __init__(self, index: Any):
-        searcher = getattr(index, "_bm25", None)
+        searcher = index.bm25
         if searcher is None:
             raise ZsearchError(f"{index.index_dir}: the audit needs the index's BM25 part (its inverted index); "
                                "build one with `zsearch index --kind bm25` (or hybrid)")
@@ -109,20 +109,14 @@ class AnswerLocator:
     # ------------------------------------------------------------------ reading passages
 
     def _texts(self, rows: Sequence[int]) -> Iterator[tuple[int, str, str, str]]:
-        for row, (pid, title, text, _) in zip(rows, self.index._records(rows)):
+        for row, (pid, title, text, _) in zip(rows, self.index.records(rows)):
             yield int(row), pid, title, text
-
-    def _scan(self) -> Iterator[tuple[int, str, str, str]]:
-        """Every passage in corpus order (for an answer with no BM25 term), batch by batch."""
-        for start, (ids, titles, texts, _) in zip(self.index._batch_start.tolist(), self.index._batch_cols):
-            for j, (pid, title, text) in enumerate(zip(ids.to_pylist(), titles.to_pylist(), texts.to_pylist())):
-                yield start + j, pid or "", title or "", text or ""
 
     def first_holding(self, answers: AnswerSet, which: int) -> tuple[int, str] | None:
         """(row, passage id) of the first passage in corpus order holding gold ``which``."""
         rows = self.candidates(answers.raw[which], answers.normalized[which])
         if rows is None:
-            passages: Iterator[tuple[int, str, str, str]] = self._scan()
+            passages: Iterator[tuple[int, str, str, str]] = self.index.scan()  # no BM25 term: every passage
         else:
             passages = self._chunked(rows)
         for row, pid, title, text in passages:
@@ -230,7 +224,7 @@ def add_support(index: Any, rows: list[dict[str, Any]], questions: Sequence[Ques
             continue
         value_set = pa.array(wanted, pa.string())
         seen: set[str] = set()
-        for column in index._table.column(kind).chunks:
+        for column in index.column(kind).chunks:
             seen.update(pc.filter(column, pc.is_in(column, value_set=value_set)).to_pylist())
         present[kind] = seen
     for row, target in zip(rows, targets):

@@ -23,9 +23,9 @@ from rich.table import Table
 from zsearch_cli.audit.ceiling import EXAMPLES_FILE, SUMMARY_FILE, default_audit_dir
 from zsearch_cli.audit.corpus import (AUDIT_VERSION, RECALL_AT, AnswerLocator, Question, add_support,
                                       audit_questions, summarize_audit)
-from zsearch_cli.commands.evaluate import dataset_files, split_by_group
 from zsearch_cli.scoring import dataset_dir
 from zsearch_cli.config.commands import AuditOptions
+from zsearch_cli.data.datasets import dataset_files, split_by_group
 from zsearch_cli.data.qa import load_qa
 from zsearch_cli.progress import ProgressLines, heartbeat
 from zsearch_cli.protocol import file_fingerprint

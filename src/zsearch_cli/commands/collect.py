@@ -26,7 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from zsearch_cli.config.fields import check_option_ranges
+from zsearch_cli.config.fields import check_options
 from zsearch_cli.data.demo import demo_qa
 from zsearch_cli.data.qa import load_qa
 from zsearch_cli.errors import ZsearchError
@@ -109,7 +109,7 @@ def _build_engine(opts: CollectOptions):
 
 
 def _check_options(opts: CollectOptions) -> None:
-    check_option_ranges(opts)  # the declared ranges: the same check as the command line's
+    check_options(opts)  # the declared ranges and choices: the same check as the command line's
 
 
 def _load_previous(path: Path, config: dict[str, Any]) -> list[Trajectory]:

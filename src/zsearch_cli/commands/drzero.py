@@ -33,20 +33,23 @@ from typing import Any, Callable, Optional
 
 from rich.console import Console
 
+from zsearch_cli.config.fields import Record, check_options, execution_options, narrowed, option, part, to_flat
+from zsearch_cli.config.parts import (BatchOptions, CorrectionOptions, DatasetOptions, GuardOptions, LossOptions,
+                                      ModelOptions, OptimConfig, ProposerOptions, RolloutOptions, RunConfig, SearchConfig,
+                                      Seeded)
 from zsearch_cli.config.ranges import AT_LEAST_1, POSITIVE, Range
-
-from zsearch_cli.config.fields import Record, check_option_ranges, option, part
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.config.parts import (DatasetOptions, ModelOptions, OptimConfig, ProposerOptions, RolloutOptions, RunConfig,
-                                      SearchConfig, Seeded)
 from zsearch_cli.presets import PRESETS
 
 LINEAGE = "lineage.json"
 LINEAGE_FORMAT = "zsearch.drzero.lineage/1"
-MAY_CHANGE = {"iterations", "eval_datasets", "eval_data_dir", "eval_limit", "backend", "device", "save_every",
-              "rollout_mode", "search_concurrency", "keep_checkpoints", "save_rollouts", "report_to",
-              "gradient_checkpointing"}
-"""Options a rerun may change; any other change would break the recorded lineage and is refused."""
+
+PROPOSER_UNUSED = ("train_data", "group_size", "loss_agg", "beta", "correction")
+"""The solver's training options the proposer has no use for, by name (or part): HRPO trains on
+the questions it writes itself, one per prompt (G = 1), with its own loss aggregation and no
+KL (beta = 0, the drzero-proposer preset's); and it is strictly on-policy, so there is no
+ratio for a rollout correction to weight. ``zsearch propose`` leaves them out too
+(``cli_drzero.PROPOSE_EXCLUDES``), so the proposer step stays ``zsearch propose``."""
 
 
 _PROPOSER, _SOLVER = PRESETS["drzero-proposer"], PRESETS["drzero-solver"]
@@ -55,9 +58,11 @@ _PROPOSER, _SOLVER = PRESETS["drzero-proposer"], PRESETS["drzero-solver"]
 @dataclass(kw_only=True)
 class DrZeroOptions(Seeded, Record):
     """What ``zsearch drzero`` runs; defaults are Dr. Zero's (Appendix A, Tables 5–6), from the
-    drzero-proposer and drzero-solver presets. The parts go to every sub-step as they are
-    (``replace(part, …)`` where a side differs): the protocol is Dr. Zero's tool calls, and the
-    context budget and learning rate are each side's own options below."""
+    drzero-proposer and drzero-solver presets. Every option whose flat name is a training
+    option goes to both training sub-steps (the proposer less :data:`PROPOSER_UNUSED`), so the
+    solve step is ``zsearch solve`` and the propose step ``zsearch propose``
+    (tests/test_drzero_parity.py): the protocol is Dr. Zero's tool calls, and the model, context
+    budget, learning rate and steps are each side's own options below."""
 
     policy: ModelOptions = part(ModelOptions)
     retrieval: SearchConfig = part(SearchConfig, index=Path("runs/index"))
@@ -69,8 +74,15 @@ class DrZeroOptions(Seeded, Record):
     run: RunConfig = part(RunConfig, exclude=("resume",), out=Path("runs/drzero"), save_every=_PROPOSER["save_every"])
     # the solver is the loop's own, iteration by iteration
     proposer: ProposerOptions = part(ProposerOptions, exclude=("solver_model", "solver_url"))
+    # one update per batch on both sides: HRPO is strictly on-policy, and `zsearch solve` leaves
+    # GRPO's epochs and mini-batches to the drzero-solver preset
+    batch: BatchOptions = part(BatchOptions, exclude=("ppo_epochs", "mini_batch_size"))
+    loss: LossOptions = part(LossOptions)
+    correction: CorrectionOptions = part(CorrectionOptions)
+    collapse: GuardOptions = part(GuardOptions)
 
-    iterations: int = option(3, range=AT_LEAST_1)
+    # a rerun may add iterations: the ones done stay what they were
+    iterations: int = option(3, range=AT_LEAST_1, execution=True)
     """Self-evolution iterations (Dr. Zero: 3)."""
     proposer_steps: int = option(_PROPOSER["steps"], range=AT_LEAST_1)
     """HRPO steps per iteration."""
@@ -95,11 +107,12 @@ class DrZeroOptions(Seeded, Record):
     """Proposer prompt + response budget."""
     solver_context_tokens: int = option(_SOLVER["max_context_tokens"], range=AT_LEAST_1)
     """Solver prompt + response budget."""
-    eval_datasets: str = ""
+    # the eval measures a solver, never changes one
+    eval_datasets: str = option("", execution=True)
     """Evaluate each iteration's solver on these (as `eval --datasets`); empty = no eval."""
-    eval_data_dir: Path = Path("data")
+    eval_data_dir: Path = option(Path("data"), execution=True)
     """Benchmark files for --eval-datasets (FlashRAG layout)."""
-    eval_limit: Optional[int] = option(None, range=AT_LEAST_1)
+    eval_limit: Optional[int] = option(None, range=AT_LEAST_1, execution=True)
     """Only the first N examples of each eval dataset [all]."""
 
 
@@ -124,8 +137,9 @@ class Lineage:
             saved = self.data.get("options", {})
             # an option added since the lineage was written ran at its default
             saved = {**DrZeroOptions().to_dict(), **saved}
+            may_change = execution_options(DrZeroOptions)  # option(execution=True): how the loop runs
             changed = [f"{k}={saved.get(k)!r}->{v!r}" for k, v in now.items()
-                       if k not in MAY_CHANGE and saved.get(k) != v]
+                       if k not in may_change and saved.get(k) != v]
             if changed:
                 raise ZsearchError(f"{path}: options differ from the recorded loop ({', '.join(changed)}); "
                                    "pass the same options or choose another --out")
@@ -188,29 +202,27 @@ class Loop:
 
     # ------------------------------------------------------------------ the sub-steps
 
-    def _train_config(self, preset: str, run_dir: str, *, model: str, lr: float, context_tokens: int,
-                      **own: Any) -> Any:
-        """A training sub-step's config: its preset and ``own`` options, then the loop's parts
-        as they are, with the side's model, learning rate and context budget; ``resume`` when
-        an interrupted run left checkpoints."""
+    def _train_config(self, preset: str, run_dir: str, *, unused: tuple[str, ...] = (), **own: Any) -> Any:
+        """A training sub-step's config: its preset, then every option of the loop that is a
+        training option (the same flat name; less ``unused``), then ``own``, the side's own
+        values (model, learning rate, context budget, steps, seed); ``resume`` when an
+        interrupted run left checkpoints."""
         from zsearch_cli.train.checkpoint import latest_checkpoint
         from zsearch_cli.train.config import TrainConfig
 
-        o = self.opts
-        cfg = TrainConfig.from_preset(preset, **own)
-        return replace(cfg, policy=replace(o.policy, model=model), retrieval=o.retrieval,
-                       rollout=replace(o.rollout, protocol=cfg.rollout.protocol, max_context_tokens=context_tokens),
-                       optim=replace(o.optim, lr=lr),
-                       run=replace(o.run, out=Path(run_dir), resume=latest_checkpoint(Path(run_dir)) is not None))
+        training = narrowed(TrainConfig, unused)
+        loop = {k: v for k, v in to_flat(self.opts).items() if k in training}
+        return TrainConfig.from_preset(preset, **{**loop, **own, "out": Path(run_dir),
+                                                  "resume": latest_checkpoint(Path(run_dir)) is not None})
 
     def propose(self, rec: dict[str, Any]) -> dict[str, Any]:
         from zsearch_cli.commands.propose_train import train_proposer
 
         if not Path(rec["checkpoint"]).is_dir():  # final/ exists = that run completed
             o = self.opts
-            cfg = self._train_config("drzero-proposer", rec["run_dir"], model=rec["proposer_init"], lr=o.proposer_lr,
-                                     context_tokens=o.proposer_context_tokens, steps=o.proposer_steps,
-                                     batch_size=o.batch_size, seed=rec["seed"])
+            cfg = self._train_config("drzero-proposer", rec["run_dir"], unused=PROPOSER_UNUSED, model=rec["proposer_init"],
+                                     lr=o.proposer_lr, max_context_tokens=o.proposer_context_tokens,
+                                     steps=o.proposer_steps, batch_size=o.batch_size, seed=rec["seed"])
             train_proposer(cfg, solver_model=rec["solver"], solver_samples=o.proposer.solver_samples,
                            hop_ratio=o.proposer.hop_ratio, console=self.console)
         return {}
@@ -238,7 +250,7 @@ class Loop:
         if not Path(rec["checkpoint"]).is_dir():
             o = self.opts
             cfg = self._train_config("drzero-solver", rec["run_dir"], model=rec["solver_init"], lr=o.solver_lr,
-                                     context_tokens=o.solver_context_tokens, train_data=str(rec["data"]),
+                                     max_context_tokens=o.solver_context_tokens, train_data=str(rec["data"]),
                                      steps=o.solver_steps, batch_size=rec["batch_size"], group_size=o.group_size,
                                      seed=rec["seed"])
             run_training(cfg, console=self.console)
@@ -301,11 +313,13 @@ class Loop:
         return self.lineage.data
 
 
-def check_options(opts: DrZeroOptions) -> None:
+def check_loop_options(opts: DrZeroOptions) -> None:
     """Every invalid value as one line, before anything heavy loads."""
+    from zsearch_cli.algos.correction import check_correction
     from zsearch_cli.commands.propose import parse_hop_ratio
 
-    check_option_ranges(opts)  # the declared ranges: the same check as the command line's
+    check_options(opts)  # the declared ranges and choices: the same check as the command line's
+    check_correction(opts.correction)
     parse_hop_ratio(opts.proposer.hop_ratio)
     index = opts.retrieval.index
     if not (Path(index) / "manifest.json").is_file():
@@ -314,5 +328,5 @@ def check_options(opts: DrZeroOptions) -> None:
 
 def run_drzero(opts: DrZeroOptions, config: dict[str, Any], console: Console | None = None) -> dict[str, Any]:
     """Run (or resume) the loop; returns the lineage."""
-    check_options(opts)
+    check_loop_options(opts)
     return Loop(opts, config, console).run()

@@ -1,4 +1,5 @@
-"""``zsearch eval``: EM / F1 / subEM of a model (or of a predictions file) per dataset.
+"""``zsearch eval``: EM / F1 / subEM of a model per dataset (a predictions file is scored by
+``eval_predictions.py``; the table and the plot are ``eval_report.py``'s).
 
 Methods, the baselines the papers report:
 - ``direct``: answer from the model's own knowledge, no retrieval;
@@ -9,143 +10,34 @@ Methods, the baselines the papers report:
 No example is ever dropped (Search-R1's ``drop_last`` loses the tail of the test set),
 and a re-run skips the examples already scored, so an interrupted eval resumes.
 
-Datasets are keyed by :func:`zsearch_cli.data.qa.dataset_key` (``nq/test`` for a FlashRAG
-file under ``--data-dir``, else the file's path), written under OUT/KEY/ (:func:`dataset_dir`
-keeps every write inside ``--out``); two inputs with one key are an error. A file whose
-``--group-by`` column (default ``data_source``) holds several values, as Search-R1's merged
-test file with its seven benchmarks, is scored as one dataset per value, KEY/VALUE: a single
-EM over seven benchmarks is not any number a paper reports. ``--pooled`` adds the whole
-file as KEY/pooled, labelled as such. Rows already in
-OUT are reused only when every option that changes a result and the protocol
-(:mod:`zsearch_cli.protocol`: model weights, corpus, retriever, prompt, metric, QA file) equal
-the saved ones; otherwise the run is refused in one line naming what differs.
+The datasets ``--datasets`` names are resolved by ``data/datasets.py`` (keys, ``--group-by``
+splits, ``--pooled``); each is written under OUT/KEY/ (:func:`dataset_dir` keeps every write
+inside ``--out``). Rows already in OUT are reused only when every option that changes a
+result and the protocol (:mod:`zsearch_cli.protocol`: model weights, corpus, retriever,
+prompt, metric, QA file) equal the saved ones; the options that may differ are those marked
+``execution`` on their fields (which rows, where, how batched). Otherwise the run is refused
+in one line naming what differs.
 """
 
 from __future__ import annotations
 
-import sys
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-import pyarrow as pa
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
-from zsearch_cli.scoring import dataset_dir
-from zsearch_cli.config.fields import to_flat
-from zsearch_cli.data.demo import demo_qa
-from zsearch_cli.data.qa import (
-    BENCHMARK_SPLITS,
-    NO_GROUPING,
-    dataset_key,
-    find_dataset_file,
-    group_labels,
-    load_qa,
-    resolve_datasets,
-    split_groups,
-)
+from zsearch_cli.commands.eval_report import console, plot_em, print_summaries
+from zsearch_cli.config.commands import EvalOptions
+from zsearch_cli.config.fields import check_options, execution_options, to_flat
+from zsearch_cli.data.datasets import DatasetInput, dataset_files, split_by_group
+from zsearch_cli.data.qa import load_qa
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.progress import ProgressLines, Stopped, active_stop, heartbeat
-from zsearch_cli.config.commands import EvalOptions
 from zsearch_cli.prompts.baselines import COT_PROMPT, DIRECT_PROMPT, RAG_PROMPT
-from zsearch_cli.protocol import METRIC_VERSION, RESUME_FIELDS, Protocol, build_protocol, differing, file_fingerprint
-from zsearch_cli.rewards import score_answer
-from zsearch_cli.scoring import example_rows, summarize
-from zsearch_cli.schemas import (
-    EVAL_EXAMPLE,
-    EVAL_SUMMARY,
-    PREDICTIONS,
-    file_kind,
-    read_artifact,
-    read_metadata,
-    read_parquet,
-    rows_to_table,
-    validate,
-    write_artifact,
-)
-
-# A log file or pipe gets rich's default 80 columns, which squeezes the 10-column table
-# into one letter per line; a terminal keeps its own width.
-console = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
-METHODS = ("direct", "cot", "rag", "agent")
-
-EVAL_RESUME_MAY_CHANGE = {"datasets", "data_dir", "download", "out", "limit", "batch_size", "device", "backend",
-                          "predictions", "qa", "rollout_mode", "search_concurrency", "group_by", "pooled", "probe"}
-"""Options that may differ between an eval and the run whose rows it reuses: which rows are
-asked for, where files are, and how the same computation is batched or placed. Everything
-else (and the protocol: weights, corpus, prompt, metric, QA file) must be equal."""
-
-
-@dataclass(frozen=True)
-class DatasetInput:
-    key: str
-    """Unique and readable: ``nq/test``, ``demo``, or the file's path (see data/qa.py dataset_key)."""
-    split: str | None
-    path: Path
-
-
-POOLED = "pooled"
-"""The key suffix of a split file scored whole (``--pooled``)."""
-
-
-def split_by_group(qa_tables: Sequence[tuple[DatasetInput, Any]], group_by: str,
-                   pooled: bool) -> tuple[list[tuple[DatasetInput, Any]], list[str]]:
-    """Each file whose ``group_by`` column holds several values becomes one input per value
-    (key KEY/VALUE, rows in file order), plus KEY/pooled with ``pooled``; returns the inputs
-    and the lines to print about them. With ``group_by`` none, a file that holds several
-    ``data_source`` values stays whole, and a line says so."""
-    out: list[tuple[DatasetInput, Any]] = []
-    notes: list[str] = []
-    for d, qa in qa_tables:
-        column = group_by if group_by != NO_GROUPING else "data_source"
-        groups = split_groups(qa, group_labels(d.path, qa, column))
-        if not groups:
-            out.append((d, qa))
-        elif group_by == NO_GROUPING:
-            out.append((d, qa))
-            notes.append(f"{d.key}: holds {len(groups)} data_source values ({', '.join(g for g, _ in groups)}), "
-                         "scored as ONE pooled number (--group-by none)")
-        else:
-            out += [(DatasetInput(f"{d.key}/{label}", d.split, d.path), sub) for label, sub in groups]
-            if pooled:
-                out.append((DatasetInput(f"{d.key}/{POOLED}", d.split, d.path), qa))
-            notes.append(f"{d.key}: {len(groups)} datasets by {group_by} "
-                         f"({', '.join(f'{g} {t.num_rows}' for g, t in groups)}), each scored on its own"
-                         + (f"; {d.key}/{POOLED} pools them" if pooled else ""))
-    seen: set[str] = set()
-    for d, _ in out:
-        if d.key in seen:
-            raise ZsearchError(f"--datasets: two inputs map to dataset key {d.key!r} (a {group_by} value equals "
-                               "another input's key); pass that file alone, or use another --group-by")
-        seen.add(d.key)
-    return out, notes
-
-
-def dataset_files(spec: str, data_dir: Path, download: bool = False) -> list[DatasetInput]:
-    """The QA files ``--datasets`` names, with their keys; two inputs with one key are an error."""
-    out: list[DatasetInput] = []
-    for name in (["demo"] if spec.strip() == "demo" else resolve_datasets(spec)):
-        if name == "demo":
-            out.append(DatasetInput("demo", "test", demo_qa("test")))
-        elif name in BENCHMARK_SPLITS and not Path(name).is_file():
-            path = find_dataset_file(name, BENCHMARK_SPLITS[name], data_dir, download)
-            key, split = dataset_key(path, data_dir)
-            out.append(DatasetInput(key, split or BENCHMARK_SPLITS[name], path))
-        elif name.lower().endswith((".jsonl", ".parquet", ".gz", ".json")) or Path(name).is_file():
-            out.append(DatasetInput(*dataset_key(Path(name), data_dir), Path(name)))
-        else:
-            known = ", ".join(["demo", "all", *BENCHMARK_SPLITS])
-            raise ZsearchError(f"unknown dataset {name!r}: use one of {known}, or a QA file path")
-    seen: dict[str, Path] = {}
-    for d in out:
-        if d.key in seen:
-            raise ZsearchError(f"--datasets: {seen[d.key]} and {d.path} both map to dataset key {d.key!r}; "
-                               "pass each dataset once (or give one of them as a path outside --data-dir)")
-        seen[d.key] = d.path
-    return out
+from zsearch_cli.protocol import RESUME_FIELDS, Protocol, build_protocol, differing, file_fingerprint
+from zsearch_cli.schemas import EVAL_EXAMPLE, EVAL_SUMMARY, read_artifact, read_metadata, rows_to_table, write_artifact
+from zsearch_cli.scoring import dataset_dir, example_rows, summarize
 
 
 def _build_engine(opts: EvalOptions):
@@ -191,7 +83,7 @@ def check_reusable(path: Path, config: dict[str, Any], protocol: Protocol) -> No
         raise ZsearchError(f"{path}: holds rows of an eval whose protocol was not recorded (an older zsearch); "
                            "choose another --out, or delete that file to score again")
     now = protocol.as_dict()
-    changed = differing(meta.get("config", {}), config, EVAL_RESUME_MAY_CHANGE)
+    changed = differing(meta.get("config", {}), config, execution_options(EvalOptions))
     # options already compared above (model, topk, seed, ...) are not listed twice
     changed += differing(meta["protocol"], {k: now[k] for k in RESUME_FIELDS}, set(config))
     if changed:
@@ -206,8 +98,7 @@ def evaluate(opts: EvalOptions, config: dict[str, Any]) -> list[dict[str, Any]]:
     from zsearch_cli.audit.probe_eval import ProbePlan
     from zsearch_cli.rollout.engine import QARow
 
-    if opts.method not in METHODS:
-        raise ZsearchError(f"unknown --method {opts.method!r}: use one of {', '.join(METHODS)}")
+    check_options(opts)  # the declared ranges and choices (--method ...): the command line's check
     plan = ProbePlan(opts)
     files = dataset_files(opts.data.datasets, opts.data.data_dir, opts.data.download)
     # validate everything before loading a model
@@ -283,157 +174,3 @@ def evaluate(opts: EvalOptions, config: dict[str, Any]) -> list[dict[str, Any]]:
     plan.report(opts.out, config)
     plot_em(opts.out)
     return summaries
-
-
-# ----------------------------------------------------------------------------- predictions files
-
-
-def predictions_protocol(path: Path, key: str, qa_path: Path | None) -> Protocol:
-    """What is known about another system's predictions: the metric and the dataset; the
-    rest (model, retriever, decoding) is not, and is recorded as unknown (null)."""
-    return Protocol(model="-", model_revision=None, adapter=None, corpus_fingerprint=None, corpus_size=None,
-                    retriever="unknown", bm25_k1=None, bm25_b=None, bm25_analyzer=None, encoder=None, topk=None,
-                    max_turns=None, max_turn_tokens=None, max_obs_tokens=None, prompt="unknown",
-                    metric_version=METRIC_VERSION, decoding="unknown", temperature=None, top_p=None, seed=None,
-                    dataset=key, dataset_fingerprint=file_fingerprint(path, *([qa_path] if qa_path else [])),
-                    split=None, limit=None, full_set=True)
-
-
-def score_predictions(path: Path, qa_path: Path | None, out: Path, config: dict[str, Any],
-                      group_by: str = "data_source", pooled: bool = False) -> list[dict[str, Any]]:
-    """Score another system's predictions: FILE has id + prediction (+ golden_answers),
-    or golds come from a QA file joined by id. With a QA file, every question it holds
-    counts: one without a prediction scores 0 and is counted as ``missing``. Split by
-    ``group_by`` as :func:`evaluate` splits a file (the QA file's labels when given, else the
-    predictions file's own column); returns one summary per dataset."""
-    if file_kind(path) == "parquet":
-        preds = validate(read_parquet(path), PREDICTIONS, path)
-    else:
-        preds = read_artifact(path, PREDICTIONS)
-    key = dataset_key(path, None)[0]
-    golds: dict[str, list[str]] = {}
-    questions: dict[str, str] = {}
-    labels: dict[str, str | None] = {}
-    if qa_path is not None:
-        qa = load_qa(qa_path)
-        ids = qa.column("id").to_pylist()
-        golds = dict(zip(ids, qa.column("golden_answers").to_pylist()))
-        questions = dict(zip(ids, qa.column("question").to_pylist()))
-        labels = dict(zip(ids, group_labels(qa_path, qa, group_by)))
-    elif group_by != NO_GROUPING:
-        raw = read_parquet(path) if file_kind(path) == "parquet" else None
-        if raw is not None and group_by in raw.column_names:
-            labels = dict(zip(preds.column("id").to_pylist(), [None if v in (None, "") else str(v)
-                                                               for v in raw.column(group_by).to_pylist()]))
-        elif raw is None:
-            from zsearch_cli.schemas import iter_jsonl
-
-            labels = {str(o.get("id")): (None if o.get(group_by) in (None, "") else str(o.get(group_by)))
-                      for _, o in iter_jsonl(path)}
-
-    def row(id_: str, prediction: str | None, gold: list[str]) -> dict[str, Any]:
-        s = score_answer(prediction, gold)
-        return {"dataset": key, "method": "predictions", "id": id_, "question": questions.get(id_, ""),
-                "golden_answers": gold, "prediction": prediction, "em": s["em"], "f1": s["f1"], "subem": s["subem"],
-                "searches": 0, "turns": 0, "tokens": 0, "finish_reason": "", "trajectory": "", "turn_log": "[]"}
-
-    rows = []
-    for i, r in enumerate(preds.to_pylist()):
-        gold = r["golden_answers"] if r["golden_answers"] is not None else golds.get(r["id"])
-        if gold is None:
-            where = f"not in {qa_path}" if qa_path else "and no --qa file was given to join golds from"
-            raise ZsearchError(f"{path}: row {i}: id {r['id']!r} has no golden_answers ({where})")
-        rows.append(row(r["id"], r["prediction"], gold))
-    predicted = set(preds.column("id").to_pylist())
-    rows += [row(id_, None, gold) for id_, gold in golds.items() if id_ not in predicted]
-    table = rows_to_table(rows, EVAL_EXAMPLE, path)
-    groups = split_groups(table, [labels.get(r["id"]) for r in rows])
-    parts = [(f"{key}/{label}", sub) for label, sub in groups] or [(key, table)]
-    if groups and pooled:
-        parts.append((f"{key}/{POOLED}", table))
-    if groups:
-        console.print(f"{key}: {len(groups)} datasets by {group_by} ({', '.join(g for g, _ in groups)}), each scored "
-                      "on its own", markup=False, highlight=False)
-    summaries, protocols = [], []
-    for name, examples in parts:
-        missing = sum(1 for id_ in examples.column("id").to_pylist() if id_ not in predicted)
-        examples = examples.set_column(0, "dataset", pa.array([name] * examples.num_rows, pa.string()))
-        protocol = predictions_protocol(path, name, qa_path)
-        folder = dataset_dir(out, name)
-        write_artifact(examples, folder / "predictions.examples.parquet", EVAL_EXAMPLE, config, protocol.as_dict())
-        summary = {**summarize(examples, name, "predictions", "-", missing=missing), **protocol.as_dict()}
-        write_artifact([summary], folder / "predictions.summary.parquet", EVAL_SUMMARY, config, protocol.as_dict())
-        summaries.append(summary)
-        protocols.append(protocol)
-    print_summaries(summaries, protocols)
-    return summaries
-
-
-# ----------------------------------------------------------------------------- reporting
-
-
-def print_summaries(summaries: Sequence[dict[str, Any]], protocols: Sequence[Protocol] = ()) -> None:
-    """The table, then one protocol line per distinct protocol (a subset is marked in n)."""
-    if not summaries:
-        return
-    table = Table(title="zsearch eval")
-    audited = any(s.get("audit_answerable") is not None for s in summaries)  # `zsearch audit`: the ceiling
-    for col in ("dataset", "method", "n", "missing", "EM", *(("ceiling", f"R@{summaries[0].get('topk')}") if audited
-                                                             else ()), "F1", "subEM",
-                "answered", "searches", "turns"):
-        # fold, never cut with an ellipsis: a dataset key must stay readable in a narrow terminal
-        table.add_column(col, justify="left" if col in ("dataset", "method") else "right", overflow="fold")
-    for s in summaries:
-        n = f"{s['n']}" + ("" if s.get("full_set", True) else f" (--limit {s.get('limit')})")
-        ceiling = [f"{v:.3f}" if v is not None else "-" for v in (s.get("audit_answerable"), s.get("audit_recall"))]
-        table.add_row(s["dataset"], s["method"], n, str(s.get("missing", 0)), f"{s['em']:.3f}",
-                      *(ceiling if audited else ()), f"{s['f1']:.3f}",
-                      f"{s['subem']:.3f}", f"{s['answered']:.2f}", f"{s['avg_searches']:.2f}", f"{s['avg_turns']:.2f}")
-    stdout = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 140)  # a log: 140, not 80, columns
-    stdout.print(table)
-    lines = []
-    for p in protocols:
-        if p.decoding == "unknown":
-            line = (f"protocol: predictions scored with metric {p.metric_version}; model, retriever and decoding "
-                    "unknown (another system's output)")
-        else:
-            line = p.one_line()
-        if line not in lines:
-            lines.append(line)
-    for line in lines:
-        stdout.print(line, markup=False, highlight=False)
-
-
-def plot_em(out: Path) -> Path | None:
-    """A bar chart of EM per dataset, one bar per method, from every summary under ``out``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = [read_artifact(p, EVAL_SUMMARY).to_pylist()[0] for p in sorted(out.rglob("*.summary.parquet"))]
-    if not rows:
-        return None
-    datasets = sorted({r["dataset"] for r in rows})
-    methods = sorted({r["method"] for r in rows})
-    width = 0.8 / len(methods)
-    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(datasets) * len(methods)), 3.5))
-    for j, m in enumerate(methods):
-        em = {r["dataset"]: r["em"] for r in rows if r["method"] == m}
-        xs = [i + j * width for i in range(len(datasets))]
-        color = f"C{j % 10}"
-        # The edge draws a zero-height bar as a line at 0: an all-zero result shows its bars.
-        bars = ax.bar(xs, [em.get(d, 0.0) for d in datasets], width=width, label=m, color=color,
-                      edgecolor=color, linewidth=2)
-        ax.bar_label(bars, labels=[f"{em[d]:.3f}" if d in em else "" for d in datasets], fontsize=8, padding=2)
-    ax.set_xticks([i + width * (len(methods) - 1) / 2 for i in range(len(datasets))], datasets)
-    ax.set_ylabel("EM")
-    ax.set_ylim(0, 1.1)  # room for the value labels above a bar at 1.0
-    ax.legend()
-    fig.tight_layout()
-    path = out / "em.png"
-    tmp = out / ".em.png.tmp.png"
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
-    return path

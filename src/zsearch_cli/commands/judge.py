@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from zsearch_cli.config.fields import check_option_ranges
+from zsearch_cli.config.fields import check_options
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.config.commands import JudgeOptions
 from zsearch_cli.prompts.judge import JUDGE_PROMPT_VERSION, LABELS, build_judge_prompt, parse_verdict
@@ -137,7 +137,7 @@ def _load_previous(path: Path, judge_model: str) -> list[dict[str, Any]]:
 
 def judge(opts: JudgeOptions, config: dict[str, Any]) -> dict[str, Any]:
     """Judge (or resume judging) every query row; returns label counts (and balanced counts)."""
-    check_option_ranges(opts)  # the declared ranges: the same check as the command line's
+    check_options(opts)  # the declared ranges and choices: the same check as the command line's
     queries = read_artifact(opts.queries, COLLECTED_QUERY)  # validate before loading a model
     if opts.limit is not None:
         queries = queries.slice(0, opts.limit)

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from zsearch_cli.config.fields import check_option_ranges
+from zsearch_cli.config.fields import check_options
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.config.commands import GenerateOptions
 from zsearch_cli.prompts import format_source_document, render_proposer_prompt
@@ -198,7 +198,7 @@ def generate_questions(opts: GenerateOptions, out: Any, config: dict[str, Any]) 
 
     from zsearch_cli.schemas import PROPOSED_QA, write_artifact
 
-    check_option_ranges(opts)  # the declared ranges: the same check as the command line's
+    check_options(opts)  # the declared ranges and choices: the same check as the command line's
     proposer, solver, index = make_engines(opts)
     prompts = proposer_prompts(index, opts.num_questions, opts.proposer.hop_ratio, opts.seed)
     rows: list[dict[str, Any]] = []

@@ -23,10 +23,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zsearch_cli.config.commands import ServeOptions
+from zsearch_cli.config.fields import to_flat
 from zsearch_cli.errors import ZsearchError
 
 PLAN_ENV = "ZSEARCH_SERVE_PLAN"
@@ -38,44 +40,51 @@ PROXY_DEADLINE = 55.0
 HTTPSearch's 60 s, so the proxy answers (502, naming the replicas) before its caller gives up."""
 
 
-@dataclass
+@dataclass(init=False)
 class ServePlan:
-    """What ``zsearch serve`` runs: plain values only (it travels to the workers as JSON)."""
+    """What ``zsearch serve`` runs: plain values only (it travels to the workers as JSON).
 
-    search: str | None = None
-    """A ``--search`` spec; None serves ``index`` with ``method``."""
-    index: str | None = None
-    method: str = "auto"
-    host: str = "127.0.0.1"
-    port: int = 8000
-    workers: int = 1
-    max_queries: int = 8192
-    max_topk: int = 100
-    cache_size: int = 100_000
-    cache_bytes: int = 512 << 20
-    sim_options: dict[str, Any] = field(default_factory=dict)
-    """Keyword options for the simulator (the ``--noise-*`` values that were set)."""
-    serpapi_cache: str | None = None
-    """The SerpAPI cache file; None: the default one, '' or 'off': no cache."""
+    ``ServePlan(search=…, workers=2)`` sets options by their flat names, as
+    ``ServeOptions.from_flat`` takes them; the rest keep ServeOptions' defaults. A
+    ``--search`` of None serves ``--index`` with ``--method``; ``serpapi_cache`` None is the
+    default cache file, '' or 'off' none."""
+
+    options: dict[str, Any]
+    """:class:`~zsearch_cli.config.commands.ServeOptions` by flat name (its
+    :func:`~zsearch_cli.config.fields.to_flat`, paths as strings): carried whole, so an option
+    added to ServeOptions reaches :attr:`serve_options`, here and in every worker, with no
+    edit to this class."""
+    sim_options: dict[str, Any]
+    """Keyword options for the simulator (the ``--noise-*`` values that were set), checked
+    against the spec once, by :func:`plan_from_options`."""
+
+    def __init__(self, options: dict[str, Any] | None = None, sim_options: dict[str, Any] | None = None,
+                 **flat: Any):
+        self.options = {**(options or {}), **flat}
+        self.sim_options = dict(sim_options or {})
+        ServeOptions.from_flat(**self.options)  # a name ServeOptions lacks fails here, not in a worker
+
+    @property
+    def serve_options(self) -> ServeOptions:
+        """The options as ServeOptions, parts nested (``serve_options.retrieval.index``)."""
+        return ServeOptions.from_flat(**self.options)
 
 
-def plan_from_options(o: Any) -> ServePlan:
-    """The plan from ``ServeOptions`` (the one place that reads its attributes); the
-    ``--noise-*`` flags are checked against the spec as ``zsearch train`` checks them."""
+def plan_from_options(o: ServeOptions) -> ServePlan:
+    """The plan from ``ServeOptions``; the ``--noise-*`` flags are checked against the spec
+    as ``zsearch train`` checks them."""
     from zsearch_cli.search.sim_options import sim_search_options
 
     spec = o.search.strip() if o.search else None
     sim = sim_search_options(spec or "index", o.sim, seed=0, topk=1)  # topk: each request's, checked per request
-    return ServePlan(search=spec, index=str(o.retrieval.index), method=o.retrieval.method, host=o.host, port=o.port,
-                     workers=o.workers, max_queries=o.max_queries, max_topk=o.max_topk, cache_size=o.cache_size,
-                     cache_bytes=o.cache_mb << 20, sim_options=sim,
-                     serpapi_cache=None if o.serpapi_cache is None else str(o.serpapi_cache))
+    flat = {name: str(value) if isinstance(value, Path) else value for name, value in to_flat(o).items()}
+    return ServePlan({**flat, "search": spec}, sim_options=sim)
 
 
 def _kind(plan: ServePlan) -> str:
     from zsearch_cli.search.factory import INDEX_METHODS, is_simulated
 
-    spec = (plan.search or "").strip()
+    spec = (plan.serve_options.search or "").strip()
     if not spec or spec in INDEX_METHODS:
         return "index"
     if is_simulated(spec):
@@ -90,10 +99,10 @@ def _kind(plan: ServePlan) -> str:
 
 def check_plan(plan: ServePlan) -> None:
     """Combinations refused before anything loads, each with a one-line reason."""
-    kind = _kind(plan)
-    if plan.workers < 1:
-        raise ZsearchError(f"--workers must be >= 1, got {plan.workers}")
-    if kind == "sim" and plan.workers > 1:
+    kind, workers = _kind(plan), plan.serve_options.workers
+    if workers < 1:
+        raise ZsearchError(f"--workers must be >= 1, got {workers}")
+    if kind == "sim" and workers > 1:
         raise ZsearchError("--workers > 1 with the simulator: its curriculum (POST /progress) and its model live in "
                            "one process; serve the model with `vllm serve` and use --search sim+http://… for throughput")
 
@@ -102,14 +111,15 @@ def build_source(plan: ServePlan) -> Any:
     """The source :func:`zsearch_cli.retrieval.server.create_app` serves."""
     from zsearch_cli.retrieval import sources
 
-    kind, spec = _kind(plan), (plan.search or "").strip()
+    o = plan.serve_options
+    kind, spec = _kind(plan), (o.search or "").strip()
     if kind == "index":
         from zsearch_cli.retrieval.index import load_index
 
-        if plan.index is None:
+        if o.retrieval.index is None:
             raise ZsearchError("zsearch serve needs --index DIR (build one with `zsearch index`) or --search SPEC")
-        method = plan.method if spec in ("", "index") else spec
-        return sources.IndexSource(load_index(Path(plan.index)), method)
+        method = o.retrieval.method if spec in ("", "index") else spec
+        return sources.IndexSource(load_index(Path(o.retrieval.index)), method)
     if kind == "replicas":
         from zsearch_cli.retrieval.client import RetrievalClient
 
@@ -120,7 +130,7 @@ def build_source(plan: ServePlan) -> Any:
         from zsearch_cli.search.factory import make_search_backend
         from zsearch_cli.search.serpapi_cache import default_cache_path
 
-        cache = plan.serpapi_cache
+        cache = None if o.serpapi_cache is None else str(o.serpapi_cache)
         cache = str(default_cache_path()) if cache is None else (None if cache in ("", "off") else cache)
         return BackendSource(make_search_backend(spec, cache=cache))
     from zsearch_cli.search.sim_source import SimSource
@@ -138,8 +148,9 @@ def build_app(plan: ServePlan, source: Any = None) -> Any:
 
     from zsearch_cli.retrieval.server import create_app
 
-    app = create_app(source if source is not None else build_source(plan), max_queries=plan.max_queries,
-                     max_topk=plan.max_topk, cache_size=plan.cache_size, cache_bytes=plan.cache_bytes)
+    o = plan.serve_options
+    app = create_app(source if source is not None else build_source(plan), max_queries=o.max_queries,
+                     max_topk=o.max_topk, cache_size=o.cache_size, cache_bytes=o.cache_mb << 20)
     gc.freeze()
     return app
 
@@ -176,18 +187,19 @@ def serve(plan: ServePlan) -> None:
     from zsearch_cli.retrieval.server import bind_socket, is_loopback, serve_until_stopped
 
     check_plan(plan)
+    o = plan.serve_options
     source = build_source(plan)
-    if not is_loopback(plan.host):
+    if not is_loopback(o.host):
         Console(stderr=True).print(
-            f"[bold yellow]warning:[/] listening on {plan.host}, not loopback: the server has no authentication, "
+            f"[bold yellow]warning:[/] listening on {o.host}, not loopback: the server has no authentication, "
             "anyone who can reach this port can query it", highlight=False)
-    sock = bind_socket(plan.host, plan.port)
+    sock = bind_socket(o.host, o.port)
     port = sock.getsockname()[1]
-    shown = f"[{plan.host}]" if ":" in plan.host else plan.host
-    workers = f"; {plan.workers} workers" if plan.workers > 1 else ""
+    shown = f"[{o.host}]" if ":" in o.host else o.host
+    workers = f"; {o.workers} workers" if o.workers > 1 else ""
     routes = "POST /retrieve, GET /health" + (", POST /progress" if hasattr(source, "progress") else "")
     print(f"serving {describe(source)} on http://{shown}:{port}  ({routes}{workers}; Ctrl+C stops)", flush=True)
-    if plan.workers == 1:
+    if o.workers == 1:
         serve_until_stopped(build_app(plan, source), sock)
         return
     del source  # each worker builds its own (an index: the same mapped pages)
@@ -201,7 +213,8 @@ def run_workers(plan: ServePlan, sock: Any) -> None:
     from uvicorn.supervisors import Multiprocess
 
     os.environ[PLAN_ENV] = json.dumps(dataclasses.asdict(plan))
-    config = uvicorn.Config(f"{__name__}:worker_app", factory=True, workers=plan.workers, log_level="warning",
+    config = uvicorn.Config(f"{__name__}:worker_app", factory=True, workers=plan.serve_options.workers,
+                            log_level="warning",
                             access_log=False, lifespan="off", server_header=False, date_header=False,
                             timeout_graceful_shutdown=5)
     try:

@@ -92,10 +92,7 @@ def build_warmup_data(opts: WarmupOptions, config: dict[str, Any]) -> Path:
     from zsearch_cli.schemas import TRAJECTORY, write_artifact
     from zsearch_cli.rollout.build import make_search
 
-    try:
-        protocol = get_protocol(opts.rollout.protocol)
-    except ValueError as err:
-        raise ZsearchError(str(err)) from None
+    protocol = get_protocol(opts.rollout.protocol)
     table = load_qa(opts.qa)
     rows = [QARow(r["id"], r["question"], list(r["golden_answers"])) for r in table.to_pylist()[: opts.limit]]
     if not rows:

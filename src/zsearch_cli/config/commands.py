@@ -143,19 +143,21 @@ class EvalOptions(Seeded, Subset):
     rollout: RolloutOptions = part(RolloutOptions, temperature=0.0)
     data: DatasetOptions = part(DatasetOptions)
 
-    out: Path = option(Path("runs/eval"), flags=("--out", "-o"), aliases=("output_dir",))
+    # execution: a rerun reuses saved rows across these (which rows, where, how batched)
+    out: Path = option(Path("runs/eval"), flags=("--out", "-o"), aliases=("output_dir",), execution=True)
     """Output directory: OUT/KEY/METHOD.*.parquet; a rerun reuses rows only under equal options."""
-    method: str = "agent"
+    method: str = option("agent", choices=("direct", "cot", "rag", "agent"))
     """direct, cot, rag or agent (multi-turn search)."""
-    batch_size: int = option(16, range=AT_LEAST_1)
+    batch_size: int = option(16, range=AT_LEAST_1, execution=True)
     """Questions per generation batch."""
-    predictions: Optional[Path] = None
+    predictions: Optional[Path] = option(None, execution=True)
     """Score this predictions file (id, prediction[, golden_answers]) instead of a model [none]."""
-    qa: Optional[Path] = None
+    qa: Optional[Path] = option(None, execution=True)
     """With --predictions: QA file to join golden answers from by id [none: the predictions file's]."""
-    pooled: bool = False
+    pooled: bool = option(False, execution=True)
     """Also score each split file as one pooled dataset, KEY/pooled."""
-    probe: Optional[str] = None
+    # each probe's rows are their own method (METHOD+PROBE), compared on their own
+    probe: Optional[str] = option(None, execution=True)
     """Counterfactual retrievers, each scored as method METHOD+PROBE: comma list of real, empty (no
     passages), random, shuffled (ranks k+1..2k) and gold (a passage holding the answer first, from
     `zsearch audit`); prints reliance, gold headroom, over- and under-search [none: real only]."""

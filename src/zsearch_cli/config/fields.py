@@ -1,8 +1,9 @@
 """How an option is declared: a dataclass field with its default, its docstring (the help
-text) and, through :func:`option`, its flags, accepted range and aliases; nested parts
-(:func:`part`), narrowed by exclusion; the bases that build a config from flat values and
-save it flat (:class:`Options`, :class:`Record`); and the reading of those declarations
-(:func:`leaves`, :func:`check_option_ranges`).
+text) and, through :func:`option`, its flags, accepted range or choices, aliases and whether
+it only changes how a run executes; nested parts (:func:`part`), narrowed by exclusion; the
+bases that build a config from flat values and save it flat (:class:`Options`,
+:class:`Record`); and the reading of those declarations (:func:`leaves`, :func:`check_options`,
+:func:`execution_options`).
 
 Objects nest (``cfg.rollout.topk``); names are flat (``--topk``, the YAML key ``topk``, the
 saved key ``topk``), so a flat name is unique in a command's tree.
@@ -24,22 +25,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from zsearch_cli.config.ranges import Range
+from zsearch_cli.config.ranges import Choices, Range, Rule
 
 META = "zsearch"
 
 
 def option(default: Any = dataclasses.MISSING, *, factory: Any = dataclasses.MISSING, help: str | None = None,
            flags: tuple[str, ...] = (), param: str | None = None, range: Range | None = None,
-           argument: bool = False, cli_type: Any = None, convert: Callable[[Any], Any] | None = None,
-           aliases: tuple[str, ...] = (), required: bool = False) -> Any:
+           choices: tuple[str, ...] = (), argument: bool = False, cli_type: Any = None,
+           convert: Callable[[Any], Any] | None = None, aliases: tuple[str, ...] = (), required: bool = False,
+           execution: bool = False) -> Any:
     """A dataclass field with what the command line needs beside its default: ``flags``
     (default ``--name``), ``param`` (the typer parameter name, recorded in metadata; default
-    the field name), ``range``, ``argument`` (positional), ``cli_type``/``convert`` (when the
-    flag's type differs from the field's), ``aliases`` (extra flag and YAML key names) and
-    ``required`` (the command line must give it, though the library has a default)."""
-    meta = dict(help=help, flags=tuple(flags), param=param, range=range, argument=argument,
-                cli_type=cli_type, convert=convert, aliases=tuple(aliases), required=required)
+    the field name), ``range`` (a number's) or ``choices`` (a text option's values, the only
+    place they are listed), ``argument`` (positional), ``cli_type``/``convert`` (when the
+    flag's type differs from the field's), ``aliases`` (extra flag and YAML key names),
+    ``required`` (the command line must give it, though the library has a default) and
+    ``execution``: the option changes how a run executes (where it writes, how it batches or
+    places the same work, how far it goes, what it reports), not what a step or a row
+    computes, so a resumed run or a reused result may differ in it (:func:`execution_options`)."""
+    if choices and range is not None:
+        raise TypeError("an option has a range or choices, not both")
+    rule = Choices(tuple(choices)) if choices else range
+    meta = dict(help=help, flags=tuple(flags), param=param, range=rule, argument=argument,
+                cli_type=cli_type, convert=convert, aliases=tuple(aliases), required=required, execution=execution)
     kwargs: dict[str, Any] = {"metadata": {META: {k: v for k, v in meta.items() if v}}}
     if factory is not dataclasses.MISSING:
         kwargs["default_factory"] = factory
@@ -103,15 +112,23 @@ class Option:
     help: str
     flags: tuple[str, ...]
     param: str
-    range: Range | None
+    range: Rule | None
+    """What it accepts: a numeric :class:`Range` or the :class:`Choices` of a text option."""
     argument: bool
     convert: Callable[[Any], Any] | None
+    execution: bool = False
+    """Changes how a run executes, not what it computes (:func:`option`'s ``execution``)."""
     path: tuple[str, ...] = ()
     """The part fields above the option: ``("rollout",)`` for ``cfg.rollout.topk``."""
 
     @property
     def required(self) -> bool:
         return self.default is dataclasses.MISSING
+
+    @property
+    def flag(self) -> str:
+        """The option's main flag, as errors name it (``--mask-truncated``)."""
+        return self.flags[0].split("/")[0] if self.flags else f"--{self.name.replace('_', '-')}"
 
 
 def _owner(cls: type, name: str) -> type:
@@ -143,7 +160,7 @@ def _plain_option(cls: type, f: dataclasses.Field, hints: dict[str, Any]) -> Opt
                                        for n in names[:1])
     flags = (*flags, *(f"--{n.replace('_', '-')}" for n in names[1:]))
     return Option(f.name, owner, annotation, default, help_text, flags, param, meta.get("range"),
-                  meta.get("argument", False), meta.get("convert"))
+                  meta.get("argument", False), meta.get("convert"), meta.get("execution", False))
 
 
 @functools.lru_cache(maxsize=None)
@@ -170,9 +187,27 @@ def leaves(cls: type) -> dict[str, Option]:
     return out
 
 
-def fields_of(cls: type) -> dict[str, Option]:
-    """Every option of ``cls`` (its own fields and its parts', flattened) as an :class:`Option`."""
-    return dict(leaves(cls))
+def narrowed(cls: type, exclude: tuple[str, ...] = ()) -> dict[str, Option]:
+    """The options of ``cls`` less ``exclude``, which names options or whole parts by their
+    field name (``"validation"``): how a command, or a sub-step, narrows by exclusion."""
+    return {name: opt for name, opt in leaves(cls).items()
+            if name not in exclude and not any(p in exclude for p in opt.path)}
+
+
+def execution_options(cls: type) -> frozenset[str]:
+    """The flat names (and parameter names) of the options of ``cls`` marked ``execution``:
+    what a resumed run, or an eval reusing saved rows, may change. Any other difference
+    would mix two computations in one result and is refused."""
+    return frozenset(n for opt in leaves(cls).values() if opt.execution for n in (opt.name, opt.param))
+
+
+def choices_of(cls: type, name: str) -> tuple[str, ...]:
+    """The values option ``name`` of ``cls`` accepts, as its field declares them (for library
+    code that branches on them)."""
+    rule = leaves(cls)[name].range
+    if not isinstance(rule, Choices):
+        raise TypeError(f"{cls.__name__}.{name} declares no choices")
+    return rule.values
 
 
 def from_flat(cls: type, values: dict[str, Any]) -> Any:
@@ -231,19 +266,17 @@ def option_value(obj: Any, opt: Option) -> Any:
     return getattr(obj, opt.name)
 
 
-def check_option_ranges(obj: Any) -> None:
-    """Refuse a numeric option outside the range its field declares (as the part holding it
-    narrows it), naming the flag: the library's form of the CLI's check, from the same
-    declaration."""
+def check_options(obj: Any) -> None:
+    """Refuse a number outside the range its field declares, or a text option's value outside
+    its declared choices (as the part holding it narrows them), naming the flag: the
+    library's form of the CLI's check, from the same declaration, and the only check of a
+    choice value."""
     from zsearch_cli.errors import ZsearchError
 
     for opt in leaves(type(obj)).values():
         value = option_value(obj, opt)
-        if opt.range is None or value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        if not opt.range.contains(value):
-            flag = opt.flags[0].split("/")[0] if opt.flags else f"--{opt.name.replace('_', '-')}"
-            raise ZsearchError(f"{flag} must be {opt.range.describe()}, got {value!r}")
+        if opt.range is not None and not opt.range.admits(value):
+            raise ZsearchError(opt.range.refusal(opt.flag, value))
 
 
 def build(cls: type, given: dict[str, Any], **fixed: Any) -> Any:

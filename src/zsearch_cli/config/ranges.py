@@ -1,5 +1,8 @@
-"""The numeric ranges options declare (``option(range=...)``), and the registry of each
-generated command's ranges that ``config.check_ranges`` checks and ``--help`` shows.
+"""What an option accepts, as declared on its field: a numeric :class:`Range`
+(``option(range=...)``) or the :class:`Choices` of a text option (``option(choices=...)``);
+and the registry of each generated command's rules that ``cli_base.check_ranges`` checks and
+``--help`` shows. Both rules answer the same three questions (``admits``, ``describe``,
+``refusal``), so one check serves both.
 
 Its own module so that the typer plumbing (``config``) and the command generator
 (``cli_options``) both read it without importing each other."""
@@ -31,6 +34,17 @@ class Range:
         below = value < self.hi if self.hi_open else value <= self.hi
         return above and below
 
+    def admits(self, value: object) -> bool:
+        """Whether the check lets ``value`` through: a number in range, or anything that is no
+        number (None: an unset optional option; a bool; text), which is not this rule's to judge."""
+        if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+            return True
+        return self.contains(value)
+
+    def refusal(self, where: str, value: object) -> str:
+        """The one-line error for ``value`` given as ``where`` (a flag, or a config file's key)."""
+        return f"{where} must be {self.describe()}, got {value!r}"
+
     def describe(self, why: bool = True) -> str:
         lo_bound, hi_bound = self.lo != -INF, self.hi != INF
         lo = f"{'>' if self.lo_open else '>='} {_number(self.lo)}"
@@ -38,6 +52,24 @@ class Range:
         text = (f"{lo} and {hi}" if lo_bound and hi_bound else lo if lo_bound else hi if hi_bound
                 else "a finite number")
         return f"{text} ({self.why})" if self.why and why else text
+
+
+@dataclass(frozen=True)
+class Choices:
+    """The values a text option accepts, declared once on its field (``option(choices=...)``):
+    ``--help`` lists them, and the check that refuses an out-of-range number refuses any other
+    value. ``None`` (an unset optional option: "the algorithm's default") always passes."""
+
+    values: tuple[str, ...]
+
+    def admits(self, value: object) -> bool:
+        return value is None or value in self.values
+
+    def refusal(self, where: str, value: object) -> str:
+        return f"unknown {where} {value!r}: use {self.describe()}"
+
+    def describe(self, why: bool = True) -> str:
+        return "one of " + ", ".join(self.values)
 
 
 def _number(x: float) -> str:
@@ -52,10 +84,14 @@ POSITIVE = Range(0, lo_open=True)
 FRACTION = Range(0, 1)
 ANY = Range()
 
-RANGES: dict[str, dict[str, Range]] = {}
-"""command name -> parameter name -> the range its field declares; filled by :func:`command`."""
+Rule = Range | Choices
+"""What one option accepts."""
+
+RANGES: dict[str, dict[str, Rule]] = {}
+"""command name -> parameter name -> the range or choices its field declares; filled by
+:func:`cli_options.command`."""
 
 
-def range_for(command: str, name: str) -> Range | None:
-    """The range parameter ``name`` of ``command`` accepts (None: not a numeric option)."""
+def range_for(command: str, name: str) -> Rule | None:
+    """The range or choices parameter ``name`` of ``command`` accepts (None: any value)."""
     return RANGES.get(command, {}).get(name)

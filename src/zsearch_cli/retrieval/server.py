@@ -14,7 +14,9 @@ Design choices, and why:
 
 * The request body is parsed and checked by hand instead of through a pydantic model:
   the error messages are ours (always ``{"error": "..."}``, never a 422 with a nested
-  pydantic report or a 500 with a traceback) and the hot path skips model overhead.
+  pydantic report or a 500 with a traceback) and the hot path skips model overhead. Reading
+  the body, decoding it and answering in JSON are shared with the agent server
+  (:mod:`zsearch_cli.http_json`).
 * All queries of a request go to the index in one batched ``search`` call, run in the
   threadpool so a slow search never blocks the event loop (the index is thread-safe); small
   requests that arrive together share one such call, in arrival order (:mod:`.coalesce`).
@@ -28,7 +30,6 @@ Design choices, and why:
 from __future__ import annotations
 
 import ipaddress
-import json
 import logging
 import socket
 import threading
@@ -39,9 +40,10 @@ from typing import Any, Iterator, Sequence
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from starlette.concurrency import run_in_threadpool
-from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.http_json import (RequestError, answer_http_errors_in_json, error_response, json_response,
+                                   parse_object, read_body)
 from zsearch_cli.retrieval.base import Passage
 from zsearch_cli.retrieval.cache import DEFAULT_CACHE_BYTES, LRUCache, result_bytes
 from zsearch_cli.retrieval.coalesce import COALESCE_MAX_QUERIES, Coalescer
@@ -122,28 +124,6 @@ class RetrievalService:
 # ----------------------------------------------------------------------------- request parsing
 
 
-class RequestError(Exception):
-    """A malformed request: answered with ``status`` and ``{"error": message}``."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-def parse_object(body: bytes) -> dict[str, Any]:
-    """A request body's JSON object, or a :class:`RequestError`."""
-    try:
-        data = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise RequestError(400, f"body is not valid JSON ({err})") from None
-    except RecursionError:  # e.g. [[[[...]]]] 2000 deep: the stdlib parser recurses per level
-        raise RequestError(400, "body is not valid JSON (nested too deeply)") from None
-    if not isinstance(data, dict):
-        raise RequestError(400, f"body must be a JSON object, got {type(data).__name__}")
-    return data
-
-
 def parse_request(body: bytes, max_queries: int, max_topk: int,
                   max_results: int = DEFAULT_MAX_RESULTS) -> tuple[list[str], int, bool, dict[str, Any]]:
     """``(queries, topk, return_scores, fields)`` from a /retrieve body, or a
@@ -190,11 +170,6 @@ def render(results: list[list[Passage]], return_scores: bool, extra: dict[str, A
     return {**extra, "result": [[{"id": p.id, "contents": p.contents} for p in hits] for hits in results]}
 
 
-def dumps(obj: Any) -> bytes:
-    """Compact UTF-8 JSON; the payload is small, so stdlib json is not the bottleneck."""
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-
-
 # ----------------------------------------------------------------------------- app
 
 
@@ -234,30 +209,10 @@ def create_app(
     coalescer = Coalescer(service.search) if service.source.memory_cache else None
     app.state.coalescer = coalescer
 
-    def json_response(obj: Any, status: int = 200) -> Response:
-        return Response(dumps(obj), status_code=status, media_type="application/json")
-
-    async def read_body(request: Request) -> bytes:
-        """The body, refusing (413) anything over ``max_body_bytes`` before reading it all."""
-        length = request.headers.get("content-length")
-        if length is not None:
-            if not length.isdigit():
-                raise RequestError(400, f"invalid Content-Length {length!r}")
-            if int(length) > max_body_bytes:
-                raise RequestError(413, f"body too large: {length} bytes (limit {max_body_bytes})")
-        chunks: list[bytes] = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_body_bytes:
-                raise RequestError(413, f"body too large: over {max_body_bytes} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
-
     @app.post("/retrieve")
     async def retrieve(request: Request) -> Response:
         try:
-            body = await read_body(request)
+            body = await read_body(request, max_body_bytes)
             queries, topk, return_scores, fields = parse_request(body, max_queries, max_topk, max_results)
             if coalescer is not None and len(queries) <= COALESCE_MAX_QUERIES:
                 results, extra = await coalescer.search(queries, topk), None
@@ -265,7 +220,7 @@ def create_app(
                 results, extra = await run_in_threadpool(service.search, queries, topk, fields)
             return json_response(render(results, return_scores, extra))
         except RequestError as err:
-            return json_response({"error": err.message}, err.status)
+            return error_response(err)
         except ZsearchError as err:
             # the source's upstream (replicas, SerpAPI, a simulator server) failed: 502, which
             # clients retry; anything else is about this request: 400
@@ -285,20 +240,16 @@ def create_app(
         try:
             if not hasattr(service.source, "progress"):
                 raise RequestError(404, f"{service.source.name} has no noise curriculum (only --search sim:… has)")
-            data = parse_object(await read_body(request))
+            data = parse_object(await read_body(request, max_body_bytes))
             step, total = data.get("step"), data.get("total_steps", 0)
             for name, value in (("step", step), ("total_steps", total)):
                 if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                     raise RequestError(400, f"'{name}' must be an integer >= 0, got {value!r}")
             return json_response(service.source.progress(step, total))
         except RequestError as err:
-            return json_response({"error": err.message}, err.status)
+            return error_response(err)
 
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, exc: StarletteHTTPException) -> Response:
-        # 404 (unknown path) and 405 (wrong verb) in our error shape, not FastAPI's {"detail"}.
-        return json_response({"error": f"{request.method} {request.url.path}: {exc.detail}"}, exc.status_code)
-
+    answer_http_errors_in_json(app)
     return app
 
 

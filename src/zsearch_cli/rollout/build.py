@@ -12,7 +12,6 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from zsearch_cli.errors import ZsearchError
 from zsearch_cli.rollout.engine import RolloutEngine
 
 MAKE: Any = object()
@@ -35,11 +34,9 @@ def build_engine(opts: Any, *, backend: Any = None, search: Any = MAKE, protocol
     ``protocol`` (default ``opts.rollout.protocol``), ``seed`` (default ``opts.seed``) and
     ``opts.rollout`` with ``rollout_changes`` (validation's greedy decoding, eval's one-turn
     baselines)."""
-    from zsearch_cli.rollout.protocols import PROTOCOLS
+    from zsearch_cli.rollout.protocols import get_protocol
 
-    name = protocol or opts.rollout.protocol
-    if name not in PROTOCOLS:
-        raise ZsearchError(f"unknown --protocol {name!r}: use one of {', '.join(PROTOCOLS)}")
+    chosen = get_protocol(protocol or opts.rollout.protocol)
     if search is MAKE:
         search = make_search(opts)
     if backend is None:
@@ -47,4 +44,4 @@ def build_engine(opts: Any, *, backend: Any = None, search: Any = MAKE, protocol
 
         backend = load_backend(opts.policy.model, backend=opts.policy.backend, device=opts.policy.device)
     rollout = dataclasses.replace(opts.rollout, **rollout_changes) if rollout_changes else opts.rollout
-    return RolloutEngine(backend, PROTOCOLS[name](), search, rollout, seed=opts.seed if seed is None else seed)
+    return RolloutEngine(backend, chosen, search, rollout, seed=opts.seed if seed is None else seed)

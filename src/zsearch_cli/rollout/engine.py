@@ -21,14 +21,12 @@ from typing import Any, Callable, Sequence
 
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.models.base import GenerationBackend, SamplingParams
+from zsearch_cli.config.fields import check_options
 from zsearch_cli.config.parts import RolloutOptions
 from zsearch_cli.retrieval.base import Passage
 from zsearch_cli.rollout.state import Finisher, QARow, RowFinisher, SampleState, sample_seed
 from zsearch_cli.rollout.trajectory import Trajectory
 from zsearch_cli.search.base import SearchBackend, SearchBackendError, SearchRequest, SearchResult, search_grouped
-
-
-ROLLOUT_MODES = ("sync", "async")
 
 
 class RolloutEngine:
@@ -56,8 +54,7 @@ class RolloutEngine:
         self.config = config or RolloutOptions()
         self.seed = seed
         self.chat_template = chat_template
-        if self.config.rollout_mode not in ROLLOUT_MODES:
-            raise ZsearchError(f"unknown --rollout-mode {self.config.rollout_mode!r}: use one of {', '.join(ROLLOUT_MODES)}")
+        check_options(self.config)  # the part's declared ranges and choices (--rollout-mode ...)
         self._rust = getattr(self.tokenizer, "backend_tokenizer", None)
         self.policy_version = 0
         """Weight updates the backend has seen (the trainer sets it: steps done); recorded

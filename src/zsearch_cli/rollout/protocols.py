@@ -34,6 +34,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, Literal, Sequence
 
+from zsearch_cli.errors import ZsearchError
+
 from zsearch_cli.prompts import (
     DRZERO_SYSTEM_PROMPT,
     INVALID_ACTION_OBSERVATION,
@@ -338,8 +340,9 @@ PROTOCOLS: dict[str, type[Protocol]] = {
 
 
 def get_protocol(name: str) -> Protocol:
-    """An instance of the protocol called ``name``; ValueError lists the known names."""
+    """An instance of the protocol called ``name`` (``--protocol``): the one check of a
+    protocol name, against this registry; an unknown one is a one-line error listing it."""
     try:
         return PROTOCOLS[name]()
     except KeyError:
-        raise ValueError(f"unknown protocol {name!r}; choose from {sorted(PROTOCOLS)}") from None
+        raise ZsearchError(f"unknown --protocol {name!r}: use one of {', '.join(PROTOCOLS)}") from None

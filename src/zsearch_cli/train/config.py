@@ -1,12 +1,13 @@
 """``TrainConfig``: every knob of ``zsearch train`` in one dataclass (the TRL/cleanrl pattern).
 
-The options are composed of the parts in ``options.py`` (each declared once there) and the
+The options are composed of the parts in ``config/parts.py`` (each declared once there) and the
 algorithm's own: the loss's hyper-parameters that the papers fix (β, ε, the critic lr, DSPO's
 budget) default to ``None``, meaning "the algorithm's paper default" from ``algos/*.py``, and
 :func:`algo_config` merges what the user set into the algorithm's frozen loss config. The
 learning rate and G are the trainer's and the rollout's: plain values (G unset takes the
 algorithm's, ``AlgoSpec.group_size``, when the config is made). :func:`check_config` turns every invalid
-combination into one :class:`ZsearchError` line before anything heavy is loaded.
+value and combination into one :class:`ZsearchError` line before anything heavy is loaded (a
+value outside its declared range or choices: ``config.fields.check_options``).
 """
 
 from __future__ import annotations
@@ -15,16 +16,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from zsearch_cli.config.fields import Record, check_option_ranges, option, part
-from zsearch_cli.config.parts import (ModelOptions, OptimConfig, RolloutOptions, RunConfig, SearchConfig, Seeded, SimOptions,
-                                      ValidationConfig)
+from zsearch_cli.config.fields import Record, check_options, option, part, to_flat, with_options
+from zsearch_cli.config.parts import (BatchOptions, CorrectionOptions, GuardOptions, LossOptions, ModelOptions, OptimConfig,
+                                      RolloutOptions, RunConfig, SearchConfig, Seeded, SimOptions, ValidationConfig)
 from zsearch_cli.config.ranges import ANY, AT_LEAST_0, AT_LEAST_1, POSITIVE, Range
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.presets import apply_preset
-
-REWARDS = ("em", "f1", "subem")
-SCHEDULES = ("constant", "cosine")
-REPORT_TO = ("none", "tensorboard", "wandb")
 
 
 def parse_algo_args(items: list[str] | None) -> dict[str, Any]:
@@ -46,7 +43,7 @@ class TrainConfig(Seeded, Record):
     algorithm's own options. ``None`` = the algorithm's paper default. Saved and read back
     flat (:meth:`Record.to_dict`), as the flags are."""
 
-    # ---- the shared parts (every option of each; a new one reaches train, solve and propose)
+    # ---- the shared parts (every option of each; a new one reaches train, solve, propose and drzero)
     policy: ModelOptions = part(ModelOptions)
     retrieval: SearchConfig = part(SearchConfig)
     sim: SimOptions = part(SimOptions)
@@ -54,13 +51,20 @@ class TrainConfig(Seeded, Record):
     optim: OptimConfig = part(OptimConfig)
     run: RunConfig = part(RunConfig)
     validation: ValidationConfig = part(ValidationConfig)
+    # ---- the update: batch slicing, the loss's terms, rollout correction, collapse guard
+    # (docs/methods.md §4.8, docs/stability.md)
+    batch: BatchOptions = part(BatchOptions)
+    loss: LossOptions = part(LossOptions)
+    correction: CorrectionOptions = part(CorrectionOptions)
+    collapse: GuardOptions = part(GuardOptions)
 
     # ---- what to train
     algo: str = "grpo"
     """reinforce, ppo, grpo, gspo, dspo (+ dspo-nofilter, dspo-token)."""
     train_data: str | None = None
     """Comma list of QA files [the bundled demo train split]."""
-    steps: int = option(100, range=AT_LEAST_1, aliases=("max_steps",))
+    # a resume may extend (or shorten) a run: the steps done stay what they were
+    steps: int = option(100, range=AT_LEAST_1, aliases=("max_steps",), execution=True)
     """Training steps (one rollout batch and its updates each)."""
 
     # ---- batch shapes (TRL counts completions; here B counts prompts, each with G responses)
@@ -68,18 +72,10 @@ class TrainConfig(Seeded, Record):
     """B, prompts per step (DSPO: mixed groups to collect); B x G sequences (TRL counts completions)."""
     group_size: int | None = option(None, flags=("--group-size", "-G", "--num-generations"), range=AT_LEAST_1)
     """G, responses per prompt [the algorithm's: PPO and HRPO 1, others 5]."""
-    ppo_epochs: int = option(1, range=AT_LEAST_1)
-    """Passes over each rollout batch."""
-    mini_batch_size: int | None = option(None, range=AT_LEAST_1)
-    """Sequences per optimizer step [whole batch]."""
-    micro_batch_size: int = option(8, range=AT_LEAST_1)
-    """Sequences per forward/backward (gradient accumulation)."""
 
     # ---- the algorithm's loss (None = paper default of --algo)
     critic_lr: float = option(1e-5, range=POSITIVE)
     """Critic learning rate (PPO's critic only; Search-R1: 1e-5). A trainer setting like --lr."""
-    beta: float | None = option(None, range=AT_LEAST_0)
-    """KL weight to the reference [algo default]; 0 loads no reference."""
     clip_eps: float | None = option(None, range=POSITIVE, aliases=("epsilon",))
     """Ratio clip epsilon, both sides [algo default]."""
     clip_eps_low: float | None = option(None, range=Range(0, 1, lo_open=True, hi_open=True))
@@ -93,7 +89,7 @@ class TrainConfig(Seeded, Record):
     """KEY=VALUE for any other algo config field (repeatable), e.g. baseline=rloo [none]."""
     critic_model: str | None = None
     """PPO critic backbone [a copy of the policy]; 'none' means no critic (an error for PPO)."""
-    reward: str | None = None
+    reward: str | None = option(None, choices=("em", "f1", "subem"))
     """em, f1 or subem [algo default: ppo/grpo em, reinforce f1, dspo/gspo subem]."""
     format_bonus: float = option(0.0, range=ANY)
     """Added when the response is well formed (0 = papers)."""
@@ -103,36 +99,8 @@ class TrainConfig(Seeded, Record):
     """K > 0: later steps' rollouts start while a step trains, on weights up to K updates old
     (off-policy: the loss takes the sampler's logprobs as pi_old); 0 = on-policy."""
 
-    # ---- rollout correction, loss aggregation and the collapse guard (docs/methods.md §4.8, docs/stability.md)
-    rollout_is: str = "none"
-    """Truncated importance weights pi_old/pi_rollout on the loss: none, token or sequence (product)."""
-    rollout_is_cap: float = option(2.0, range=AT_LEAST_1)
-    """C: the importance weights are capped at C."""
-    rollout_rs: str = "none"
-    """Reject (mask out of the loss and its denominator): none, token, sequence or geometric ratios
-    outside [--rollout-rs-low, --rollout-rs-high]."""
-    rollout_rs_low: float | None = option(None, range=POSITIVE)
-    """Lower rejection bound [1/high]."""
-    rollout_rs_high: float | None = option(None, range=POSITIVE)
-    """Upper rejection bound [2 for token/sequence, 1.001 for geometric]."""
-    loss_agg: str | None = None
-    """token-mean, seq-mean-token-mean or seq-mean-token-sum-norm [algo default: ppo token-mean, others
-    seq-mean-token-mean]."""
-    mask_truncated: bool = option(False, aliases=("mask_truncated_completions",))
-    """No loss on a sample whose last turn hit the token cap without an answer or EOS (it still counts
-    in its group's baseline)."""
-    guard: bool = True
-    """Watch every step for collapse (reward, length, entropy, garbage text, KL, grad norm, NaN,
-    logp mismatch, format failures); events go to OUT/guard.jsonl."""
-    on_collapse: str = "warn"
-    """What a guard event does: warn, stop, or rollback (to the newest healthy checkpoint, skipping
-    the batch, with a lower lr). A non-finite value stops under warn too."""
-
-    merge_lora: bool = False
-    """LoRA: also write OUT/final/merged, a plain HF folder with the LoRA merged in (full weights, for
-    vLLM and transformers); OUT/final stays the adapter (resume, eval)."""
-
-    preset: str | None = None
+    # the preset's values are in the other options already; its name alone computes nothing
+    preset: str | None = option(None, execution=True)
     """search-r1, zerosearch, dspo or drzero-solver: the papers' settings; flags override [none]."""
 
     def __post_init__(self) -> None:
@@ -143,7 +111,6 @@ class TrainConfig(Seeded, Record):
     def from_preset(cls, name: str | None, **overrides: Any) -> "TrainConfig":
         """Library form of ``--preset``: the preset's values, then ``overrides`` on top."""
         return cls.from_flat(**{**apply_preset(name, overrides, set(overrides)), "preset": name})
-
 
 
 def _algos() -> dict[str, Any]:
@@ -170,10 +137,11 @@ def algo_config(cfg: TrainConfig) -> Any:
     """
     spec = get_spec(cfg.algo)
     fields = {f.name: f for f in dataclasses.fields(spec.config_cls)}
+    flat = to_flat(cfg)
     values: dict[str, Any] = {}
     for key in ("beta", "max_gen_batches", "loss_agg"):
-        if getattr(cfg, key) is not None and key in fields:
-            values[key] = getattr(cfg, key)
+        if flat[key] is not None and key in fields:
+            values[key] = flat[key]
     for side in ("low", "high"):
         eps = getattr(cfg, f"clip_eps_{side}")
         eps = cfg.clip_eps if eps is None else eps
@@ -193,19 +161,6 @@ def algo_config(cfg: TrainConfig) -> Any:
         raise ZsearchError(f"--algo {cfg.algo}: {err}") from None
 
 
-def correction_config(cfg: TrainConfig) -> Any:
-    """The rollout correction of ``--rollout-is``/``--rollout-rs`` (algos/correction.py)."""
-    from zsearch_cli.algos.correction import CorrectionConfig
-
-    try:
-        return CorrectionConfig(is_mode=cfg.rollout_is, is_cap=cfg.rollout_is_cap, rs_mode=cfg.rollout_rs,
-                                rs_low=cfg.rollout_rs_low, rs_high=cfg.rollout_rs_high)
-    except ValueError as err:
-        raise ZsearchError(f"--rollout-is/--rollout-rs: {err}") from None
-
-
-ON_COLLAPSE = ("warn", "stop", "rollback")
-
 RESOLVED_FIELDS = ("beta", "clip_eps_low", "clip_eps_high", "max_gen_batches", "loss_agg")
 """TrainConfig fields whose ``None`` means "the algorithm's paper default"."""
 
@@ -222,7 +177,7 @@ def resolve_config(cfg: TrainConfig) -> TrainConfig:
     acfg = algo_config(with_reward)
     values = {key: getattr(acfg, key, None) for key in RESOLVED_FIELDS}
     low, high = values["clip_eps_low"], values["clip_eps_high"]
-    return dataclasses.replace(with_reward, **values, clip_eps=low if low is not None and low == high else None)
+    return with_options(with_reward, **values, clip_eps=low if low is not None and low == high else None)
 
 
 def with_later_options(saved: dict[str, Any]) -> dict[str, Any]:
@@ -239,7 +194,7 @@ def resolved_dict(cfg: TrainConfig, num_processes: int = 1) -> dict[str, Any]:
     ``mini_batch_size`` None means one optimizer step over a process's whole share of the
     batch, ``batch_size // num_processes`` prompts × G sequences."""
     out = cfg.to_dict()
-    if out.get("mini_batch_size") is None and cfg.group_size is not None:
+    if out["mini_batch_size"] is None and cfg.group_size is not None:
         out["mini_batch_size"] = cfg.batch_size // max(1, num_processes) * cfg.group_size
     return out
 
@@ -259,8 +214,11 @@ def check_even_shards(batch_size: int, num_processes: int) -> None:
 
 def check_config(cfg: TrainConfig) -> Any:
     """Validate ``cfg`` and return its algorithm config; every problem is one line."""
+    from zsearch_cli.algos.correction import check_correction
+    from zsearch_cli.rollout.protocols import get_protocol
+
     spec = get_spec(cfg.algo)
-    check_option_ranges(cfg)  # the declared ranges: the same check as the command line's
+    check_options(cfg)  # the declared ranges and choices: the same check as the command line's
     cfg = resolve_config(cfg)
     acfg = algo_config(cfg)
 
@@ -272,7 +230,7 @@ def check_config(cfg: TrainConfig) -> Any:
          f"--algo {cfg.algo} needs --group-size >= {spec.group_size_min} (a group baseline needs G >= 2), "
          f"got {cfg.group_size}; use --algo reinforce for G = 1")
     if spec.on_policy:
-        need(cfg.ppo_epochs == 1 and cfg.mini_batch_size is None,
+        need(cfg.batch.ppo_epochs == 1 and cfg.batch.mini_batch_size is None,
              f"--algo {cfg.algo} is strictly on-policy: one update per batch (no --ppo-epochs/--mini-batch-size)")
     need(acfg.beta >= 0, f"--beta must be >= 0, got {acfg.beta}")
     if spec.needs_critic:
@@ -283,28 +241,33 @@ def check_config(cfg: TrainConfig) -> Any:
         need(cfg.critic_model in (None, "", "none"), f"--critic-model is only used by ppo, not --algo {cfg.algo}")
     if spec.filter_groups:
         need(acfg.max_gen_batches >= 1, f"--max-gen-batches must be >= 1, got {acfg.max_gen_batches}")
-    need(cfg.reward in REWARDS, f"unknown --reward {cfg.reward!r}: use one of {', '.join(REWARDS)}")
-    need(cfg.optim.lr_schedule in SCHEDULES, f"unknown --lr-schedule {cfg.optim.lr_schedule!r}: use constant or cosine")
-    need(cfg.run.report_to in REPORT_TO, f"unknown --report-to {cfg.run.report_to!r}: use none, tensorboard or wandb")
-    need(cfg.policy.backend in ("auto", "hf", "vllm"), f"unknown --backend {cfg.policy.backend!r}: use hf, vllm or auto")
     need(not (cfg.rollout_overlap and spec.filter_groups),
          f"--rollout-overlap with --algo {cfg.algo}: DSPO's dynamic filter draws generation batches on demand, "
          "which a rollout started steps ahead cannot serve; use --rollout-overlap 0 (or --algo dspo-nofilter)")
-    corr = correction_config(cfg)
-    need(not (cfg.rollout_overlap and (corr.is_mode != "none" or corr.rs_mode != "none")),
+    check_correction(cfg.correction)
+    corrects = cfg.correction.rollout_is != "none" or cfg.correction.rollout_rs != "none"
+    need(not (cfg.rollout_overlap and corrects),
          "--rollout-is/--rollout-rs with --rollout-overlap: the overlap already takes pi_old from the sampler "
          "(verl's bypass), so pi_old/pi_rollout is 1 and there is nothing to correct; the clip bounds the ratio")
     need(not (cfg.rollout_overlap and spec.on_policy),
          f"--rollout-overlap with --algo {cfg.algo}: its objective has no clipped ratio, and an unclipped "
          "update on stale samples destabilises within a few steps; use --rollout-overlap 0")
-    need(cfg.on_collapse in ON_COLLAPSE, f"unknown --on-collapse {cfg.on_collapse!r}: use warn, stop or rollback")
-    if cfg.guard and cfg.on_collapse == "rollback":
+    if cfg.run.vllm_sleep:  # the engine sleeps during each update (models/vllm.py, "Sleep mode")
+        from zsearch_cli.models.factory import vllm_available
+        from zsearch_cli.models.vllm import check_sleep_mode
+
+        need(not cfg.rollout_overlap, f"--vllm-sleep {cfg.run.vllm_sleep} with --rollout-overlap: the engine rolls out "
+             "the next steps during the update, so it cannot sleep then; use --vllm-sleep 0 or --rollout-overlap 0")
+        need(cfg.policy.backend == "vllm" or (cfg.policy.backend == "auto" and vllm_available()),
+             f"--vllm-sleep {cfg.run.vllm_sleep} with --backend {cfg.policy.backend}"
+             f"{' (no vLLM with CUDA here: auto is hf)' if cfg.policy.backend == 'auto' else ''}: the HF backend has no "
+             "engine to put to sleep; use --backend vllm or --vllm-sleep 0")
+        check_sleep_mode(cfg.run.vllm_sleep)  # the platform's vLLM has a sleep mode (not the CPU build)
+    if cfg.collapse.guard and cfg.collapse.on_collapse == "rollback":
         need(cfg.run.save_every > 0, "--on-collapse rollback needs checkpoints to go back to: set --save-every > 0")
         need(not cfg.rollout_overlap, "--on-collapse rollback with --rollout-overlap: the rollouts drawn ahead "
              "would come from the weights being rolled back; use warn or stop")
-    from zsearch_cli.rollout.protocols import PROTOCOLS
-
-    need(cfg.rollout.protocol in PROTOCOLS, f"unknown --protocol {cfg.rollout.protocol!r}: use one of {', '.join(PROTOCOLS)}")
+    get_protocol(cfg.rollout.protocol)  # the protocols' registry is their declaration
     search_options(cfg)
     check_validation(cfg)
     return acfg

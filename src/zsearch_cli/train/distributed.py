@@ -37,14 +37,14 @@ def check_deepspeed(acc: Any, cfg: Any, spec: Any) -> None:
     if spec.needs_critic:  # accelerate sends every backward through its last prepared engine
         raise ZsearchError(f"--algo {cfg.algo} under DeepSpeed: the critic would be a second DeepSpeed engine, "
                            "which zsearch does not drive; use DDP or FSDP")
-    per_process = cfg.mini_batch_size or -(-cfg.batch_size // acc.num_processes) * cfg.group_size
-    if cfg.micro_batch_size < per_process:
+    per_process = cfg.batch.mini_batch_size or -(-cfg.batch_size // acc.num_processes) * cfg.group_size
+    if cfg.batch.micro_batch_size < per_process:
         raise ZsearchError(f"under DeepSpeed every backward is an optimizer step: set --micro-batch-size >= "
-                           f"{per_process} (the mini-batch of one process), got {cfg.micro_batch_size}")
+                           f"{per_process} (the mini-batch of one process), got {cfg.batch.micro_batch_size}")
     plugin = acc.state.deepspeed_plugin
     if plugin.is_auto("train_micro_batch_size_per_gpu"):
         # accelerate sizes DeepSpeed's batch from a prepared DataLoader, and zsearch has none
-        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
+        plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = cfg.batch.micro_batch_size
 
 
 def init_tracker(acc: Any, cfg: Any) -> None:

@@ -1,6 +1,6 @@
 """From trajectories to per-token tensors: right-padded or packed batches, response logprobs, values.
 
-Two layouts of the same samples, one forward each (docs/methods.md §8.3):
+Two layouts of the same samples, one forward each (docs/methods.md §8):
 
 - **Padded**: each row is ``prompt_ids + response_ids`` right-padded to the longest row.
   Response token t of sample i sits at position P_i + t and is predicted by the logits at
@@ -165,7 +165,7 @@ def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0, to
 
 
 def policy_forward(model: Any, batch: Batch, temperature: float, entropy: bool = False,
-                   top_p: float = 1.0) -> tuple[Tensor, Tensor | None]:
+                   top_p: float = 1.0, chunk: int = 0) -> tuple[Tensor, Tensor | None]:
     """(logp [B, T], entropy [B, T] or None), both 0 off the policy tokens (``batch.mask``).
     Gradient flows through logp when enabled; the entropy is a logged statistic of the
     tempered distribution over the whole vocabulary, computed without grad. ``top_p``: see
@@ -174,8 +174,15 @@ def policy_forward(model: Any, batch: Batch, temperature: float, entropy: bool =
     Only the policy tokens' logits are normalised: every consumer masks by I_t, and in a
     search agent's response the retrieved passages are often most of the tokens, each a
     vocabulary-wide log-softmax (and its backward) that no objective reads. At top_p = 1 the
-    entropy reuses the log-softmax the logprobs took."""
+    entropy reuses the log-softmax the logprobs took.
+
+    ``chunk`` (``--logits-chunk``): 0 runs the whole head; otherwise the LM head runs on the
+    policy positions' final hidden states ``chunk`` rows at a time (< 0: train/lm_head.py's
+    default), recomputed in the backward pass, so no ``[M, V]`` tensor exists whole; the same
+    numbers (docs/methods.md §8)."""
     sel = batch.mask  # [B, T] bool
+    if chunk != 0:
+        return _chunked_policy_forward(model, batch, temperature, entropy, top_p, chunk)
     z = at_least_fp32(response_logits(model, batch, only=sel))  # [M, V]
     if temperature != 1.0:
         z = z / temperature
@@ -195,6 +202,29 @@ def policy_forward(model: Any, batch: Batch, temperature: float, entropy: bool =
             # H = -sum p log p; a token of probability 0 (a -inf logit) adds 0, not 0 * -inf
             h = -(lsm.exp() * lsm.clamp_min(torch.finfo(lsm.dtype).min)).sum(-1)  # [M]
             ent = torch.zeros(sel.shape, dtype=h.dtype, device=h.device).masked_scatter(sel, h)  # [B, T]
+    return logp, ent
+
+
+def _chunked_policy_forward(model: Any, batch: Batch, temperature: float, entropy: bool, top_p: float,
+                            chunk: int) -> tuple[Tensor, Tensor | None]:
+    """:func:`policy_forward` through the chunked head: the final hidden states of the policy
+    positions (``[M, d]``) in, ``(logp, entropy)`` in the response frame out."""
+    from zsearch_cli.train.lm_head import chunked_logprobs, final_hidden
+
+    sel = batch.mask  # [B, T] bool
+    if batch.packed:  # the head's input at exactly the policy positions: [1, M, d]
+        hidden = final_hidden(model, batch.input_ids, batch.attention_mask, logits_to_keep=batch.resp_pos[sel],
+                              position_ids=batch.position_ids)[0]  # [M, d]
+    else:
+        width = batch.input_ids.shape[1]
+        states = final_hidden(model, batch.input_ids, batch.attention_mask, width - batch.keep_from)  # [B, L - k, d]
+        pos = (batch.resp_pos - batch.keep_from).clamp_min(0)  # [B, T]
+        rows = torch.arange(batch.size, device=pos.device)[:, None].expand_as(pos)  # [B, T]
+        hidden = states[rows[sel], pos[sel]]  # [M, d]
+    picked, h = chunked_logprobs(model, hidden, batch.targets[sel], temperature, top_p, entropy,
+                                 chunk if chunk > 0 else None)  # [M] x2
+    logp = torch.zeros(sel.shape, dtype=picked.dtype, device=picked.device).masked_scatter(sel, picked)  # [B, T]
+    ent = None if h is None else torch.zeros(sel.shape, dtype=h.dtype, device=h.device).masked_scatter(sel, h)
     return logp, ent
 
 

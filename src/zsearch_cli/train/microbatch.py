@@ -1,4 +1,4 @@
-"""How a mini-batch is cut into micro-batches (docs/methods.md §8.3).
+"""How a mini-batch is cut into micro-batches (docs/methods.md §8).
 
 Two rules, one function:
 
@@ -11,8 +11,9 @@ Two rules, one function:
   sample longer than N goes alone. The budget wins over ``--micro-batch-size``, which is then
   not read.
 
-Under DDP every process must run the same number of micro-batches, because each backward's
-gradient all-reduce pairs with the other processes'. :func:`equalize` brings a process's plan to
+Under several processes every process runs the same number of micro-batches: under FSDP and
+ZeRO-3 each forward gathers the sharded parameters, a collective that must pair with the other
+processes' (DDP all-reduces only at the last micro-batch's backward). :func:`equalize` brings a process's plan to
 the largest count of any process (``Accelerator.gather`` of the counts): it splits its heaviest
 micro-batch in two (the halves balanced by the longest-first rule) until the count is reached,
 and when no micro-batch has two samples left, it adds empty ones (:data:`PAD_MICRO`), which the

@@ -248,7 +248,7 @@ def save_merged(final: Path, cfg: Any) -> Path | None:
     OUT/final/merged (full weights, the LoRA merged in: a plain HF folder for vLLM and
     transformers), as ``zsearch sft --merge-lora`` does; None for a full fine-tune or
     without the option. Main process only."""
-    if not (getattr(cfg, "merge_lora", False) and cfg.optim.lora_r > 0):
+    if not (cfg.run.merge_lora and cfg.optim.lora_r > 0):
         return None
     from zsearch_cli.models.loading import merged_lora_dir
 

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from zsearch_cli.config.fields import check_option_ranges
+from zsearch_cli.config.fields import check_options, execution_options
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.protocol import differing
 from zsearch_cli.train.distributed import check_sharded_saving
@@ -51,21 +51,11 @@ from zsearch_cli.train.optim import make_optimizer
 from zsearch_cli.train.sft_config import SFTConfig
 from zsearch_cli.train.sft_data import IGNORE, SFTItem, StepOrder, collate, load_sft_items, split_eval
 
-RESUME_MAY_CHANGE = {"max_steps", "epochs", "save_every", "keep_checkpoints", "resume", "eval_every", "out", "device"}
-"""Options that may differ between a run and its --resume; any other change is refused."""
-
-
 def check_sft_config(cfg: SFTConfig) -> None:
     """Every invalid option is one ZsearchError line, before anything heavy is loaded."""
-    check_option_ranges(cfg)  # the declared ranges: the same check as the command line's
-    checks = [
-        (bool(str(cfg.data).strip()), "name the training data (a .parquet or .jsonl file)"),
-        (cfg.optim.lr_schedule in ("constant", "cosine"),
-         f"unknown --lr-schedule {cfg.optim.lr_schedule!r}: constant or cosine"),
-    ]
-    for ok, msg in checks:
-        if not ok:
-            raise ZsearchError(msg)
+    check_options(cfg)  # the declared ranges and choices: the same check as the command line's
+    if not str(cfg.data).strip():
+        raise ZsearchError("name the training data (a .parquet or .jsonl file)")
 
 
 # ----------------------------------------------------------------------------- the loss
@@ -145,7 +135,8 @@ class SFTTrainer:
         if state.get("metrics_format", 1) != METRICS_FORMAT:  # its rows count steps from 0
             raise ZsearchError(f"--resume: {latest} was written by an older zsearch (its metrics count steps from 0): "
                                f"finish that run with the zsearch that started it, or start a new --out")
-        changed = differing(state["config"], cfg.to_dict(), RESUME_MAY_CHANGE)
+        # only what changes how the run executes may differ (option(execution=True))
+        changed = differing(state["config"], cfg.to_dict(), execution_options(SFTConfig))
         if changed:
             raise ZsearchError(f"--resume: options differ from the run in {cfg.run.out} ({', '.join(changed)}); "
                                "pass the same options or choose another --out")
@@ -273,7 +264,7 @@ class SFTTrainer:
             model.config.use_cache = True  # training turned it off; generation wants it
             atomic_dir(final, lambda tmp: save_policy(model, self.tokenizer, tmp, cfg.policy.model, weights))
             model.config.use_cache = False
-            if cfg.optim.lora_r > 0 and cfg.merge_lora:
+            if cfg.optim.lora_r > 0 and cfg.run.merge_lora:
                 from zsearch_cli.models.loading import merged_lora_dir
 
                 merged_lora_dir(str(final))

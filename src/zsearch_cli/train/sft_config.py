@@ -20,7 +20,8 @@ class SFTConfig(Seeded, Record):
 
     policy: ModelOptions = part(ModelOptions, exclude=("backend",))
     optim: OptimConfig = part(OptimConfig, lr=1e-5, lr_schedule="cosine", warmup_ratio=0.03)
-    run: RunConfig = part(RunConfig, exclude=("save_rollouts", "report_to"), out=Path("runs/sft"), save_every=100)
+    run: RunConfig = part(RunConfig, exclude=("save_rollouts", "report_to", "vllm_sleep"), out=Path("runs/sft"),
+                          save_every=100)
 
     data: str = option("", argument=True, required=True, cli_type=Path, convert=str)
     """prompt/completion pairs (SFT_EXAMPLE) or trajectories (prompt_ids, response_ids, loss_mask)."""
@@ -28,7 +29,7 @@ class SFTConfig(Seeded, Record):
     """Held-out file of the same kind [an --eval-fraction split of DATA]."""
     eval_fraction: float = option(0.05, range=Range(0, 1, hi_open=True))
     """Seeded fraction of DATA held out for the eval loss (0 = none)."""
-    eval_every: int = option(100, range=AT_LEAST_0)
+    eval_every: int = option(100, range=AT_LEAST_0, execution=True)
     """Eval loss every N steps, and after the last (0 = only after the last)."""
     chat_template: bool = True
     """Pairs: wrap the prompt in the chat template (off: raw prompt text, as the ZeroSearch simulator
@@ -37,16 +38,15 @@ class SFTConfig(Seeded, Record):
     """Trajectories: keep EM-correct ones only (rejection sampling)."""
     max_length: int = option(2048, range=Range(2, why="a prompt token and a completion token"))
     """Tokens per example; prompts are cut from the left, completions never (one longer alone is dropped)."""
-    epochs: float = option(1.0, range=POSITIVE)
+    # a resume may extend (or shorten) a run: the steps done stay what they were
+    epochs: float = option(1.0, range=POSITIVE, execution=True)
     """Passes over the training examples (ignored when --max-steps is set)."""
-    max_steps: Optional[int] = option(None, range=AT_LEAST_1)
+    max_steps: Optional[int] = option(None, range=AT_LEAST_1, execution=True)
     """Optimizer steps (overrides --epochs) [from --epochs]."""
     batch_size: int = option(8, range=AT_LEAST_1)
     """Examples per forward/backward (per process); TRL's per_device_train_batch_size."""
     grad_accum: int = option(1, range=AT_LEAST_1, aliases=("gradient_accumulation_steps",))
     """Micro-batches per optimizer step: the step sees batch_size x grad_accum x processes."""
-    merge_lora: bool = False
-    """LoRA: also write OUT/final/merged (full weights, for vLLM)."""
 
 
 @dataclass(kw_only=True)

@@ -40,6 +40,7 @@ from zsearch_cli.train.checkpoint import (atomic_dir, check_resumable,
                                           full_model_state, latest_checkpoint, load_training_state, read_state,
                                           save_checkpoint, TrainingState)
 from zsearch_cli.train.step_samples import BatchRewardFn, RewardFn, Sample, sample_step
+from zsearch_cli.config.fields import execution_options
 from zsearch_cli.train.config import (TrainConfig, check_config, check_even_shards, get_spec, resolve_config, resolved_dict,
                                      search_options, with_later_options)
 from zsearch_cli.train.sampler import PromptSampler, load_rows
@@ -53,11 +54,6 @@ from zsearch_cli.train.stability import KEEP_HEALTHY, Stability
 from zsearch_cli.train.update import (StepModels, advantages, optimize, rollout_tensors, sample_advantages,
                                       step_batch)
 from zsearch_cli.train.validation import Validator
-
-RESUME_MAY_CHANGE = {"steps", "save_every", "keep_checkpoints", "resume", "report_to", "save_rollouts", "out",
-                     "device", "backend", "preset", "val_data", "val_every", "val_limit", "val_search",
-                     "val_allow_sim", "rollout_mode", "search_concurrency", "guard", "on_collapse", "merge_lora"}
-"""Options that may differ between a run and its --resume; any other change is refused."""
 
 SYNC_PROBE = ("Question: who wrote the novel pride and prejudice? <think> I need to search. </think> "
               "<search> author of pride and prejudice </search> <answer> Jane Austen </answer>")
@@ -134,8 +130,8 @@ class Trainer:
             self.validator.attach(self.generation, self.search, self.accelerator, cfg.batch_size * cfg.group_size)
         self.metrics = MetricsLog(Path(cfg.run.out), resolved_dict(cfg, self.accelerator.num_processes), self.accelerator,
                                   self.accelerator.is_main_process)
-        self.stability = (Stability(cfg.run.out, cfg.on_collapse, self.console, self.accelerator.is_main_process,
-                                    self.metrics.config) if cfg.guard else None)  # the collapse guard (stability.py)
+        self.stability = (Stability(cfg.run.out, cfg.collapse.on_collapse, self.console, self.accelerator.is_main_process,
+                                    self.metrics.config) if cfg.collapse.guard else None)  # the collapse guard (stability.py)
         self.start_step = 0
         self.overlap = None  # --rollout-overlap: the stream and the rows drawn ahead, while train() runs
         if resume_dir is not None:
@@ -151,8 +147,22 @@ class Trainer:
             self.metrics.start_fresh()
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.models = StepModels(self.policy, self.reference, self.critic, self.optimizer, self.critic_optimizer,
-                                 self.accelerator, int(self.pad_id), self.accelerator.device)
+                                 self.accelerator, int(self.pad_id), self.accelerator.device,
+                                 packed=self._resolve_packing())
         self.sync_generation()
+
+    def _resolve_packing(self) -> bool:
+        """``--pack``: the start-up probe (train/logprobs.py), the same answer on every process."""
+        from zsearch_cli.train.logprobs import resolve_packing
+
+        base = self.accelerator.unwrap_model(self.policy)
+        packed, why = resolve_packing(self.cfg.batch.pack, self.policy, int(base.config.vocab_size),
+                                      self.accelerator.device, next(base.parameters()).dtype)
+        if self.accelerator.num_processes > 1:
+            packed = bool(self.accelerator.gather(torch.tensor([int(packed)], device=self.accelerator.device)).min())
+        if self.accelerator.is_main_process:
+            self.console.print(why, soft_wrap=True)
+        return packed
 
     # ------------------------------------------------------------------ setup helpers
 
@@ -174,6 +184,10 @@ class Trainer:
         if self.cfg.rollout_overlap and acc.num_processes > 1:
             raise ZsearchError("--rollout-overlap runs on one process for now (the rollout thread would issue "
                                "collectives beside training's); use --rollout-overlap 0 under accelerate launch")
+        if distribution(acc) != "replicated" and self.cfg.batch.logits_chunk:
+            raise ZsearchError(f"--logits-chunk {self.cfg.batch.logits_chunk} under {distribution(acc)}: the chunked LM "
+                               "head reads the head's whole weight, which FSDP/ZeRO-3 shard outside the forward; leave "
+                               "--logits-chunk unset (the whole head is used there) or set 0")
         if distribution(acc) == "deepspeed":
             check_deepspeed(acc, self.cfg, self.spec)
         init_tracker(acc, self.cfg)
@@ -190,7 +204,9 @@ class Trainer:
             raise ZsearchError(f"{self.cfg.run.out} already holds checkpoints (latest {latest.name}): "
                                "pass --resume to continue that run, or choose another --out")
         check_resumable(latest, self.accelerator)
-        changed = differing(with_later_options(read_state(latest)["config"]), self.cfg.to_dict(), RESUME_MAY_CHANGE)
+        # only what changes how the run executes may differ (option(execution=True))
+        changed = differing(with_later_options(read_state(latest)["config"]), self.cfg.to_dict(),
+                            execution_options(TrainConfig))
         if changed:
             raise ZsearchError(f"--resume: options differ from the run in {self.cfg.run.out} ({', '.join(changed)}); "
                                "pass the same options or choose another --out")
@@ -280,6 +296,10 @@ class Trainer:
         train = collected.train
         if train:
             self._phase(f"updating on step {step}/{cfg.steps}")
+            if cfg.run.vllm_sleep and self.uses_vllm:
+                # The update gets the engine's GPU memory; the weight sync after it wakes the engine
+                # (VLLMBackend.update_weights: weights, sync, KV cache) before anything generates.
+                self.generation.sleep()
             self.policy.train()
             batch = rollout_tensors(self.models, step_batch(train, self.models.pad_id), cfg, version=done)
             batch = advantages(self.spec, self.acfg, batch, self.accelerator)

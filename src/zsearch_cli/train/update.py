@@ -143,11 +143,22 @@ class MicroSettings:
     rows: int  # --micro-batch-size
     tokens: int | None  # --micro-batch-tokens (None: by rows)
     packed: bool  # --pack, resolved: one packed row per micro-batch
+    chunk: int | None = None  # --logits-chunk: LM-head rows at a time (None: train/lm_head.py's default; 0: whole)
+
+    @property
+    def head_chunk(self) -> int:
+        """``policy_forward``'s ``chunk``: 0 = the whole head."""
+        return 0 if self.chunk == 0 else -1 if self.chunk is None else self.chunk
 
 
 def micro_settings(cfg: TrainConfig, m: StepModels) -> MicroSettings:
-    part = getattr(cfg, "batch", cfg)  # the batch part (config/parts.py)
-    return MicroSettings(part.micro_batch_size, getattr(part, "micro_batch_tokens", None), m.packed)
+    from zsearch_cli.train.distributed import distribution
+
+    b = cfg.batch
+    chunk = b.logits_chunk
+    if chunk is None and m.accelerator is not None and distribution(m.accelerator) != "replicated":
+        chunk = 0  # FSDP/ZeRO-3 shard the head's weight outside its forward: the chunked head cannot read it
+    return MicroSettings(b.micro_batch_size, b.micro_batch_tokens, m.packed, chunk)
 
 
 def plan_micro_batches(m: StepModels, settings: MicroSettings, batch: StepBatch, idx: Sequence[int]) -> list[list[int]]:
@@ -187,8 +198,9 @@ def fused_old_logp(cfg: TrainConfig, n: int, has_critic: bool) -> bool:
     of a GRPO step). Not when something needs π_old *before* the update: PPO's critic and
     token advantages, the overlap (π_old is the sampler's), the rollout correction (its
     weights and rejected tokens enter the loss and its denominator)."""
-    return (not has_critic and cfg.ppo_epochs == 1 and (cfg.mini_batch_size is None or cfg.mini_batch_size >= n)
-            and not cfg.rollout_overlap and cfg.rollout_is == "none" and cfg.rollout_rs == "none")
+    b = cfg.batch
+    return (not has_critic and b.ppo_epochs == 1 and (b.mini_batch_size is None or b.mini_batch_size >= n)
+            and not cfg.rollout_overlap and cfg.correction.rollout_is == "none" and cfg.correction.rollout_rs == "none")
 
 
 @torch.no_grad()
@@ -218,9 +230,10 @@ def rollout_tensors(m: StepModels, batch: StepBatch, cfg: TrainConfig, version: 
             fb = batch.forward_batch([0], m.device, settings.packed)
             if batch.ref_logp is not None:
                 with reference_mode(m.accelerator.unwrap_model(m.reference)) as ref:
-                    policy_forward(ref, fb, cfg.rollout.temperature, top_p=cfg.rollout.top_p)
+                    policy_forward(ref, fb, cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                                             chunk=settings.head_chunk)
             if not batch.fused:
-                policy_forward(m.policy, fb, cfg.rollout.temperature, top_p=cfg.rollout.top_p)
+                policy_forward(m.policy, fb, cfg.rollout.temperature, top_p=cfg.rollout.top_p, chunk=settings.head_chunk)
                 if batch.values is not None:
                     critic_forward(m.critic, fb)
             continue
@@ -229,11 +242,13 @@ def rollout_tensors(m: StepModels, batch: StepBatch, cfg: TrainConfig, version: 
         inside = batch.within(micro, m.device)  # [b, t]
         if batch.ref_logp is not None:
             with reference_mode(m.accelerator.unwrap_model(m.reference)) as ref:
-                ref_logp, _ = policy_forward(ref, fb, cfg.rollout.temperature, top_p=cfg.rollout.top_p)
+                ref_logp, _ = policy_forward(ref, fb, cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                                             chunk=settings.head_chunk)
             batch.ref_logp[rows, :t] = torch.where(inside, ref_logp.float(), 0.0)
         if batch.fused:
             continue
-        logp, _ = policy_forward(m.policy, fb, cfg.rollout.temperature, top_p=cfg.rollout.top_p)  # [b, t]
+        logp, _ = policy_forward(m.policy, fb, cfg.rollout.temperature, top_p=cfg.rollout.top_p,
+                                 chunk=settings.head_chunk)  # [b, t]
         batch.old_logp[rows, :t] = torch.where(inside, logp.float(), 0.0)
         diff = (logp - batch.rows(batch.sampler_logp, micro).to(logp.device)).abs()
         same = fb.mask
@@ -263,16 +278,15 @@ def correct(batch: StepBatch, cfg: TrainConfig, device: Any) -> StepBatch:
     before, over every sample), then the rollout correction weights and rejects tokens by
     π_old/π_rollout (algos/correction.py; docs/methods.md §4.8)."""
     from zsearch_cli.algos.correction import rollout_correction
-    from zsearch_cli.train.config import correction_config
 
     assert batch.old_logp is not None and batch.truncated is not None
     mask = batch.tokens.mask.to(device)  # [N, T]
-    if cfg.mask_truncated:
+    if cfg.loss.mask_truncated:
         mask = mask & ~batch.truncated.to(device)[:, None]
     if batch.fused and batch.loss_mask is None:  # nothing to weight or reject: the stats come after the update
         batch.loss_mask, batch.weights = mask, torch.ones_like(batch.old_logp)
         return batch
-    corr = rollout_correction(batch.old_logp, batch.sampler_logp.to(device), mask, correction_config(cfg))
+    corr = rollout_correction(batch.old_logp, batch.sampler_logp.to(device), mask, cfg.correction)
     batch.loss_mask, batch.weights = corr.keep, corr.weights
     batch.correction = None if cfg.rollout_overlap else {
         f"offpolicy/{'capped_frac' if k == 'truncated_frac' else k}": float(v) for k, v in corr.stats.items()}
@@ -338,7 +352,7 @@ def optimize(m: StepModels, spec: AlgoSpec, acfg: AlgoConfig, cfg: TrainConfig, 
     of the value loss, with ``actor/grad_norm`` and ``critic/grad_norm``. ``done``: the
     training steps before this one, which seeds the mini-batch order."""
     n = batch.size
-    mini = cfg.mini_batch_size or n
+    mini = cfg.batch.mini_batch_size or n
     assert batch.loss_mask is not None
     # A micro-batch's loss is weighted by its share of what the mini-batch loss averages over:
     # trained tokens for a token mean (the actor's --loss-agg token-mean; PPO's value loss, over
@@ -354,9 +368,10 @@ def optimize(m: StepModels, spec: AlgoSpec, acfg: AlgoConfig, cfg: TrainConfig, 
     settings = micro_settings(cfg, m)
     sums: dict[str, float] = {}
     updates = 0
-    for epoch in range(cfg.ppo_epochs):
+    epochs = cfg.batch.ppo_epochs
+    for epoch in range(epochs):
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + done * 101 + epoch)
-        order = torch.randperm(n, generator=gen).tolist() if cfg.ppo_epochs > 1 or mini < n else list(range(n))
+        order = torch.randperm(n, generator=gen).tolist() if epochs > 1 or mini < n else list(range(n))
         for mb in [order[i : i + mini] for i in range(0, n, mini)]:
             m.optimizer.zero_grad(set_to_none=True)
             if m.critic_optimizer is not None:
@@ -426,7 +441,8 @@ def _micro_step(m: StepModels, spec: AlgoSpec, acfg: AlgoConfig, cfg: TrainConfi
         adv = batch.advantages[torch.as_tensor(micro, dtype=torch.long, device=batch.advantages.device)]  # [b]
     sync = contextlib.nullcontext() if last else m.accelerator.no_sync(m.policy)
     with sync:
-        logp, entropy = policy_forward(m.policy, fb, cfg.rollout.temperature, entropy=True, top_p=cfg.rollout.top_p)
+        logp, entropy = policy_forward(m.policy, fb, cfg.rollout.temperature, entropy=True, top_p=cfg.rollout.top_p,
+                                       chunk=settings.head_chunk)
         if batch.fused and not pad:  # π_old is this very forward (one optimizer step): detached, ratio 1
             old = logp.detach().float()
             rows = torch.as_tensor(micro, dtype=torch.long, device=batch.old_logp.device)

@@ -1,0 +1,101 @@
+"""``zsearch eval --predictions FILE``: score another system's predictions with zsearch's
+metric, per dataset, as ``zsearch eval`` scores a model (split by ``--group-by`` the same way).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from zsearch_cli.commands.eval_report import console, print_summaries
+from zsearch_cli.data.datasets import POOLED
+from zsearch_cli.data.qa import NO_GROUPING, dataset_key, group_labels, load_qa, split_groups
+from zsearch_cli.errors import ZsearchError
+from zsearch_cli.protocol import METRIC_VERSION, Protocol, file_fingerprint
+from zsearch_cli.rewards import score_answer
+from zsearch_cli.schemas import (EVAL_EXAMPLE, EVAL_SUMMARY, PREDICTIONS, file_kind, read_artifact, read_parquet,
+                                 rows_to_table, validate, write_artifact)
+from zsearch_cli.scoring import dataset_dir, summarize
+
+
+def predictions_protocol(path: Path, key: str, qa_path: Path | None) -> Protocol:
+    """What is known about another system's predictions: the metric and the dataset; the
+    rest (model, retriever, decoding) is not, and is recorded as unknown (null)."""
+    return Protocol(model="-", model_revision=None, adapter=None, corpus_fingerprint=None, corpus_size=None,
+                    retriever="unknown", bm25_k1=None, bm25_b=None, bm25_analyzer=None, encoder=None, topk=None,
+                    max_turns=None, max_turn_tokens=None, max_obs_tokens=None, prompt="unknown",
+                    metric_version=METRIC_VERSION, decoding="unknown", temperature=None, top_p=None, seed=None,
+                    dataset=key, dataset_fingerprint=file_fingerprint(path, *([qa_path] if qa_path else [])),
+                    split=None, limit=None, full_set=True)
+
+
+def score_predictions(path: Path, qa_path: Path | None, out: Path, config: dict[str, Any],
+                      group_by: str = "data_source", pooled: bool = False) -> list[dict[str, Any]]:
+    """Score another system's predictions: FILE has id + prediction (+ golden_answers),
+    or golds come from a QA file joined by id. With a QA file, every question it holds
+    counts: one without a prediction scores 0 and is counted as ``missing``. Split by
+    ``group_by`` as :func:`evaluate` splits a file (the QA file's labels when given, else the
+    predictions file's own column); returns one summary per dataset."""
+    if file_kind(path) == "parquet":
+        preds = validate(read_parquet(path), PREDICTIONS, path)
+    else:
+        preds = read_artifact(path, PREDICTIONS)
+    key = dataset_key(path, None)[0]
+    golds: dict[str, list[str]] = {}
+    questions: dict[str, str] = {}
+    labels: dict[str, str | None] = {}
+    if qa_path is not None:
+        qa = load_qa(qa_path)
+        ids = qa.column("id").to_pylist()
+        golds = dict(zip(ids, qa.column("golden_answers").to_pylist()))
+        questions = dict(zip(ids, qa.column("question").to_pylist()))
+        labels = dict(zip(ids, group_labels(qa_path, qa, group_by)))
+    elif group_by != NO_GROUPING:
+        raw = read_parquet(path) if file_kind(path) == "parquet" else None
+        if raw is not None and group_by in raw.column_names:
+            labels = dict(zip(preds.column("id").to_pylist(), [None if v in (None, "") else str(v)
+                                                               for v in raw.column(group_by).to_pylist()]))
+        elif raw is None:
+            from zsearch_cli.schemas import iter_jsonl
+
+            labels = {str(o.get("id")): (None if o.get(group_by) in (None, "") else str(o.get(group_by)))
+                      for _, o in iter_jsonl(path)}
+
+    def row(id_: str, prediction: str | None, gold: list[str]) -> dict[str, Any]:
+        s = score_answer(prediction, gold)
+        return {"dataset": key, "method": "predictions", "id": id_, "question": questions.get(id_, ""),
+                "golden_answers": gold, "prediction": prediction, "em": s["em"], "f1": s["f1"], "subem": s["subem"],
+                "searches": 0, "turns": 0, "tokens": 0, "finish_reason": "", "trajectory": "", "turn_log": "[]"}
+
+    rows = []
+    for i, r in enumerate(preds.to_pylist()):
+        gold = r["golden_answers"] if r["golden_answers"] is not None else golds.get(r["id"])
+        if gold is None:
+            where = f"not in {qa_path}" if qa_path else "and no --qa file was given to join golds from"
+            raise ZsearchError(f"{path}: row {i}: id {r['id']!r} has no golden_answers ({where})")
+        rows.append(row(r["id"], r["prediction"], gold))
+    predicted = set(preds.column("id").to_pylist())
+    rows += [row(id_, None, gold) for id_, gold in golds.items() if id_ not in predicted]
+    table = rows_to_table(rows, EVAL_EXAMPLE, path)
+    groups = split_groups(table, [labels.get(r["id"]) for r in rows])
+    parts = [(f"{key}/{label}", sub) for label, sub in groups] or [(key, table)]
+    if groups and pooled:
+        parts.append((f"{key}/{POOLED}", table))
+    if groups:
+        console.print(f"{key}: {len(groups)} datasets by {group_by} ({', '.join(g for g, _ in groups)}), each scored "
+                      "on its own", markup=False, highlight=False)
+    summaries, protocols = [], []
+    for name, examples in parts:
+        missing = sum(1 for id_ in examples.column("id").to_pylist() if id_ not in predicted)
+        examples = examples.set_column(0, "dataset", pa.array([name] * examples.num_rows, pa.string()))
+        protocol = predictions_protocol(path, name, qa_path)
+        folder = dataset_dir(out, name)
+        write_artifact(examples, folder / "predictions.examples.parquet", EVAL_EXAMPLE, config, protocol.as_dict())
+        summary = {**summarize(examples, name, "predictions", "-", missing=missing), **protocol.as_dict()}
+        write_artifact([summary], folder / "predictions.summary.parquet", EVAL_SUMMARY, config, protocol.as_dict())
+        summaries.append(summary)
+        protocols.append(protocol)
+    print_summaries(summaries, protocols)
+    return summaries

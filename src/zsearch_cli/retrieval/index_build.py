@@ -1,0 +1,242 @@
+"""Building an index directory (``zsearch index``): the options and their presets, the
+corpus copied into ``corpus.arrow``, the BM25 and dense parts, each part sealed
+(:mod:`.index_format` holds the layout and the seals; :mod:`.index` loads and searches).
+
+A build writes everything into a temporary sibling directory and renames it over the
+target only once complete, so a crash never leaves a half-written index behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+import pyarrow as pa
+
+from zsearch_cli import __version__
+from zsearch_cli.data.corpus import WITH_CONTENTS, corpus_fingerprint, iter_corpus_batches
+from zsearch_cli.errors import ZsearchError
+from zsearch_cli.progress import err_console
+from zsearch_cli.retrieval.index_format import (CORPUS_FILE, FORMAT, KINDS, MANIFEST, corpus_batches, open_corpus,
+                                                seal_part)
+from zsearch_cli.schemas import _check_unique
+
+DEFAULTS: dict[str, Any] = {
+    "kind": "bm25", "bm25_backend": "bm25s", "bm25_preset": "zsearch", "k1": 1.2, "b": 0.75,
+    "stemmer": "english", "stopwords": "en", "analyzer": "simple", "bm25_norms": "exact",
+    "encoder": "minilm", "faiss_type": "Flat", "batch_size": 128, "max_length": 256, "device": "auto",
+}
+BM25_PRESETS: dict[str, dict[str, Any]] = {
+    "zsearch": {},
+    # Pyserini's BM25 as Search-R1 and DSPO ran it: Lucene's EnglishAnalyzer chain, Lucene
+    # BM25Similarity (one-byte length norms, float32 arithmetic), k1 0.9, b 0.4.
+    "pyserini": {"k1": 0.9, "b": 0.4, "stemmer": "porter-lucene", "stopwords": "en", "analyzer": "lucene",
+                 "bm25_norms": "lucene"},
+}
+"""BM25 defaults per ``--bm25-preset``; options given explicitly still win."""
+
+
+# ----------------------------------------------------------------------------- options
+
+
+def parse_kinds(kind: str | Sequence[str]) -> list[str]:
+    """``'hybrid'`` / ``'bm25,dense'`` / ``['dense']`` -> kinds in canonical order."""
+    parts = kind.split(",") if isinstance(kind, str) else list(kind)
+    kinds: set[str] = set()
+    for part in (p.strip().lower() for p in parts):
+        if part == "hybrid":
+            kinds.update(KINDS)
+        elif part in KINDS:
+            kinds.add(part)
+        elif part:
+            raise ZsearchError(f"unknown index kind {part!r} (choose from: bm25, dense, hybrid)")
+    if not kinds:
+        raise ZsearchError("no index kind given (choose from: bm25, dense, hybrid)")
+    return [k for k in KINDS if k in kinds]
+
+
+def resolve_options(options: dict[str, Any] | None) -> dict[str, Any]:
+    """Defaults for missing keys, plus the checks a typo should fail fast on (before any work)."""
+    from zsearch_cli.retrieval.bm25 import BACKENDS
+
+    given = {k: v for k, v in (options or {}).items() if k in DEFAULTS and v is not None}
+    preset = given.get("bm25_preset", DEFAULTS["bm25_preset"])
+    if preset not in BM25_PRESETS:
+        raise ZsearchError(f"unknown BM25 preset {preset!r} (choose from: {', '.join(BM25_PRESETS)})")
+    opts = {**DEFAULTS, **BM25_PRESETS[preset], **given}
+    opts["kind"] = ",".join(parse_kinds(opts["kind"]))
+    if opts["bm25_norms"] not in ("exact", "lucene"):
+        raise ZsearchError(f"unknown BM25 length norms {opts['bm25_norms']!r} (choose from: exact, lucene)")
+    if opts["bm25_norms"] == "lucene" and opts["bm25_backend"] != "bm25s":
+        raise ZsearchError("Lucene length norms (--bm25-preset pyserini) need --bm25-backend bm25s")
+    if opts["bm25_backend"] not in BACKENDS:
+        raise ZsearchError(f"unknown BM25 backend {opts['bm25_backend']!r} (choose from: {', '.join(BACKENDS)})")
+    if not float(opts["k1"]) >= 0 or not 0 <= float(opts["b"]) <= 1:
+        raise ZsearchError(f"BM25 needs k1 >= 0 and 0 <= b <= 1 (got k1={opts['k1']}, b={opts['b']})")
+    for key in ("batch_size", "max_length"):
+        if int(opts[key]) < 1:
+            raise ZsearchError(f"{key} must be at least 1 (got {opts[key]})")
+    return opts
+
+
+# ----------------------------------------------------------------------------- build
+
+
+@contextlib.contextmanager
+def _progress(description: str, total: int) -> Iterator[Callable[[int], None]]:
+    """A rich progress bar on stderr, plain lines in a log file (progress.py); yields ``advance(n)``."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from zsearch_cli.progress import ProgressLines
+
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    unit = "postings" if "postings" in description else "docs"
+    with Progress(*columns, console=err_console, transient=True) as progress, \
+            ProgressLines(f"index: {description}", total, unit) as lines:
+        task = progress.add_task(description, total=total)
+
+        def advance(n: int) -> None:
+            progress.advance(task, n)
+            lines.advance(n)
+
+        yield advance
+
+
+def _write_corpus(src: Path, dest: Path) -> tuple[int, str]:
+    """Stream ``src`` into ``dest`` (Arrow IPC), fingerprinting on the way; returns (rows, fingerprint)."""
+    with pa.OSFile(str(dest), "wb") as sink, pa.ipc.new_file(sink, WITH_CONTENTS) as writer:
+        def tee() -> Iterator[pa.RecordBatch]:
+            for batch in iter_corpus_batches(src, with_contents=True):
+                writer.write_batch(batch)
+                yield batch
+
+        fingerprint = corpus_fingerprint(tee())
+    table = open_corpus(dest)
+    if table.num_rows == 0:
+        raise ZsearchError(f"{src}: file has no rows (expected a corpus)")
+    _check_unique(table.column("id"), "id", str(src))
+    return table.num_rows, fingerprint
+
+
+def _check_target(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise ZsearchError(f"{out}: exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
+        raise ZsearchError(f"{out}: exists and is not a zsearch index; refusing to overwrite it")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    except (OverflowError, ValueError):
+        return False
+    return True
+
+
+def _clean_stale_temps(out: Path) -> None:
+    """Remove temp folders of builds into ``out`` that were killed: their names carry the
+    owner's pid (``.NAME.PID.xxxx.tmp``, ``.NAME.old-PID-ns``) and that pid is gone.
+    A live owner (a concurrent build) keeps its folder; names without a pid are left alone."""
+    prefix = f".{out.name}."
+    if not out.parent.is_dir():
+        return
+    for path in out.parent.iterdir():
+        name = path.name
+        if not name.startswith(prefix) or not path.is_dir():
+            continue
+        rest = name[len(prefix):]
+        if rest.endswith(".tmp"):
+            pid_text = rest.split(".", 1)[0]
+        elif rest.startswith("old-"):
+            pid_text = rest[4:].split("-", 1)[0]
+        else:
+            continue
+        if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _swap_in(tmp: Path, out: Path) -> None:
+    """Rename the finished build over ``out`` (the old index, if any, is removed after)."""
+    old = None
+    if out.exists():
+        old = out.with_name(f".{out.name}.old-{os.getpid()}-{time.monotonic_ns()}")
+        os.rename(out, old)
+    os.rename(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def build_index(corpus: Path | None, out: Path, options: dict) -> Path:
+    """Build the index kinds in ``options['kind']`` over ``corpus`` into directory ``out``.
+
+    ``corpus`` None means the bundled demo corpus. ``options`` is the CLI's resolved options
+    dict; missing keys take :data:`DEFAULTS`. Returns ``out``.
+    """
+    from zsearch_cli.data.demo import demo_corpus
+    from zsearch_cli.retrieval.tokenize import Tokenizer
+
+    opts = resolve_options(options)
+    kinds = parse_kinds(opts["kind"])
+    src = Path(corpus) if corpus is not None else demo_corpus()
+    out = Path(out)
+    _check_target(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Catch option mistakes now, not after ingesting (and tokenizing) a 21M-passage corpus.
+    tokenizer = Tokenizer(opts["stemmer"], opts["stopwords"], opts["analyzer"]) if "bm25" in kinds else None
+    if "dense" in kinds:
+        from zsearch_cli.retrieval.dense import check_faiss_type, pick_device, resolve_encoder
+
+        resolve_encoder(opts["encoder"])
+        check_faiss_type(opts["faiss_type"].strip())
+        pick_device(opts["device"])
+    from zsearch_cli.files import mkdtemp_like_mkdir
+
+    _clean_stale_temps(out)
+    # The owner's pid is in the name, so a later build can tell a killed build's leftovers
+    # from a concurrent live one.
+    tmp = mkdtemp_like_mkdir(prefix=f".{out.name}.{os.getpid()}.", suffix=".tmp", dir=out.parent)  # mode as mkdir gives
+    try:
+        from zsearch_cli.progress import heartbeat
+
+        with heartbeat("index", f"reading the corpus {src}"):
+            n_docs, fingerprint = _write_corpus(src, tmp / CORPUS_FILE)
+        manifest: dict[str, Any] = {
+            "format": FORMAT, "zsearch_version": __version__,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "kinds": kinds, "n_docs": n_docs,
+            "corpus": {"fingerprint": fingerprint, "source": str(src), "file": CORPUS_FILE},
+            "params": opts,
+        }
+        if tokenizer is not None:
+            from zsearch_cli.retrieval.bm25 import build_bm25
+
+            manifest["bm25"] = build_bm25(corpus_batches(tmp / CORPUS_FILE), n_docs, tmp / "bm25", tokenizer,
+                                          float(opts["k1"]), float(opts["b"]), opts["bm25_backend"], _progress,
+                                          norms=opts["bm25_norms"])
+        if "dense" in kinds:
+            from zsearch_cli.retrieval.dense import Encoder, build_dense
+
+            encoder = Encoder(opts["encoder"], opts["device"], int(opts["max_length"]), int(opts["batch_size"]))
+            with _progress(f"encode ({encoder.device})", n_docs) as advance:
+                manifest["dense"] = build_dense(corpus_batches(tmp / CORPUS_FILE), n_docs, tmp / "dense",
+                                                encoder, opts["faiss_type"], advance)
+        manifest["corpus"]["bytes"] = (tmp / CORPUS_FILE).stat().st_size
+        for kind in kinds:
+            seal_part(tmp / kind, fingerprint, n_docs)
+        with open(tmp / MANIFEST, "w", encoding="utf-8") as fh:
+            json.dump(manifest, fh, indent=2)
+        _swap_in(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
