@@ -157,16 +157,13 @@ def worker(spec: dict) -> dict:
     import torch
     from accelerate import Accelerator
 
-    from zsearch_cli.rollout.trajectory import Trajectory
+    from zsearch_cli.train import microbatch
     from zsearch_cli.train.config import TrainConfig, algo_config, get_spec, resolve_config
+    from zsearch_cli.train.logprobs import resolve_packing
     from zsearch_cli.train.optim import make_optimizer
     from zsearch_cli.train.policy import load_policy
-    from zsearch_cli.train.step_samples import Sample
-    from zsearch_cli.train.update import StepModels, advantages, optimize, rollout_tensors, step_batch
-
-    from zsearch_cli.train import microbatch
-    from zsearch_cli.train.logprobs import resolve_packing
-    from zsearch_cli.train.update import micro_settings
+    from zsearch_cli.train.update import (StepModels, advantages, micro_settings, optimize, rollout_tensors,
+                                          step_batch)
 
     torch.set_num_threads(spec["threads"])
     cuda = spec["device"] == "cuda"
@@ -193,20 +190,10 @@ def worker(spec: dict) -> dict:
     m = StepModels(policy, None, None, optimizer, None, acc, int(tokenizer.pad_token_id), acc.device, packed=packed)
 
     def samples() -> list:
-        out = []
-        for s in samples_spec:
-            resp, mask = s["response"], s["mask"]
-            traj = Trajectory(id=f"{s['row']}#{s['sample']}", row_id=s["row"], sample_index=s["sample"],
-                              group_id=s["group"], question=s["row"], golden_answers=[], prompt_ids=s["prompt"],
-                              response_ids=resp, loss_mask=mask, logprobs=[0.0] * len(resp),
-                              policy_version=[0 if k else -1 for k in mask], turns=[], response_text="",
-                              prediction=None, finish_reason="answer", num_turns=2, num_searches=1, num_invalid=0,
-                              prompt_tokens=len(s["prompt"]), response_tokens=len(resp), policy_tokens=sum(mask))
-            out.append(Sample(traj, step=0, gen_batch=0, group_key=s["group"], reward=s["reward"]))
-        return out
+        return as_samples(samples_spec)
 
     done = [0]
-    slots = [0]
+
 
     def update() -> dict:
         train = samples()

@@ -92,17 +92,33 @@ def median_of(times: list[float]) -> float:
 # ------------------------------------------------------------------ workers
 
 
+def as_samples(batch: list[dict]) -> list:
+    """The batch's dicts as the ``Sample`` records a rollout gives the update (fresh each call)."""
+    from zsearch_cli.rollout.trajectory import Trajectory
+    from zsearch_cli.train.step_samples import Sample
+
+    out = []
+    for s in batch:
+        resp, mask = s["response"], s["mask"]
+        traj = Trajectory(id=f"{s['row']}#{s['sample']}", row_id=s["row"], sample_index=s["sample"],
+                          group_id=s["group"], question=s["row"], golden_answers=[], prompt_ids=s["prompt"],
+                          response_ids=resp, loss_mask=mask, logprobs=[0.0] * len(resp),
+                          policy_version=[0 if k else -1 for k in mask], turns=[], response_text="",
+                          prediction=None, finish_reason="answer", num_turns=2, num_searches=1, num_invalid=0,
+                          prompt_tokens=len(s["prompt"]), response_tokens=len(resp), policy_tokens=sum(mask))
+        out.append(Sample(traj, step=0, gen_batch=0, group_key=s["group"], reward=s["reward"]))
+    return out
+
+
 def _zsearch_worker(spec: dict):
     """(step function, setup seconds) for ``before``/``after``."""
     import torch
     from accelerate import Accelerator
 
     import zsearch_cli.train.update as update
-    from zsearch_cli.rollout.trajectory import Trajectory
     from zsearch_cli.train.config import TrainConfig, algo_config, get_spec, resolve_config
     from zsearch_cli.train.optim import make_optimizer
     from zsearch_cli.train.policy import load_policy, load_reference
-    from zsearch_cli.train.step_samples import Sample
     from zsearch_cli.train.update import (StepModels, advantages, optimize, rollout_tensors, sample_advantages,
                                           step_batch)
 
@@ -125,17 +141,7 @@ def _zsearch_worker(spec: dict):
     m = StepModels(policy, reference, None, optimizer, None, acc, int(pad_id), acc.device)
 
     def samples() -> list:
-        out = []
-        for s in spec["samples"]:
-            resp, mask = s["response"], s["mask"]
-            traj = Trajectory(id=f"{s['row']}#{s['sample']}", row_id=s["row"], sample_index=s["sample"],
-                              group_id=s["group"], question=s["row"], golden_answers=[], prompt_ids=s["prompt"],
-                              response_ids=resp, loss_mask=mask, logprobs=[0.0] * len(resp),
-                              policy_version=[0 if k else -1 for k in mask], turns=[], response_text="",
-                              prediction=None, finish_reason="answer", num_turns=2, num_searches=1, num_invalid=0,
-                              prompt_tokens=len(s["prompt"]), response_tokens=len(resp), policy_tokens=sum(mask))
-            out.append(Sample(traj, step=0, gen_batch=0, group_key=s["group"], reward=s["reward"]))
-        return out
+        return as_samples(spec["samples"])
 
     done = [0]
 
