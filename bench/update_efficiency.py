@@ -165,13 +165,16 @@ def worker(spec: dict) -> dict:
     from zsearch_cli.train.update import (StepModels, advantages, micro_settings, optimize, rollout_tensors,
                                           step_batch)
 
+    from update_vs_trl import as_samples
+
     torch.set_num_threads(spec["threads"])
     cuda = spec["device"] == "cuda"
     _, config, lora_r, b, g, rows = MODELS[spec["model"]]
     samples_spec = spec["samples"]
     variant = dict(VARIANTS[spec["variant"]])
     budget = BUDGET[spec["model"]] or sum(len(s["prompt"]) + len(s["response"]) for s in samples_spec)
-    options = dict(micro_batch_size=rows or len(samples_spec), **variant)
+    options = dict(micro_batch_size=rows or len(samples_spec), gradient_checkpointing=spec.get("checkpointing", False),
+                   **variant)
     if options.pop("budget", False):
         options["micro_batch_tokens"] = budget
     cfg = resolve_config(TrainConfig.from_flat(
@@ -237,6 +240,7 @@ def trl_worker(spec: dict) -> dict:
     samples = spec["samples"]
     micro = rows or len(samples)
     step, _, version = _trl_worker({**spec, "beta": 0.0, "out": spec["out"],
+                                    "gradient_checkpointing": spec.get("checkpointing", False),
                                     "config": {"B": len(samples) // g, "G": g, "micro": micro, "lora_r": lora_r}})
     median, _, warmup, peak = _measure(lambda: step()[0], spec, False)
     p_max = max(len(s["prompt"]) for s in samples)
@@ -301,6 +305,9 @@ def main() -> None:
     ap.add_argument("--max-warmup", type=int, default=10)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--gradient-checkpointing", action="store_true",
+                    help="every variant recomputes activations in backward (TRL too): smollm2 on the length mix "
+                         "needs it in 24 GiB on CPU, where attention holds [heads, L, L] scores per layer")
     ap.add_argument("--json", type=Path, default=None, help="also write the results here")
     ap.add_argument("--trl-python", type=Path, default=TRL_PYTHON,
                     help="TRL's venv: python3.11 -m venv .venv-trl && .venv-trl/bin/pip install torch==2.13.0 "
@@ -320,7 +327,8 @@ def main() -> None:
             for variant in args.variants.split(","):
                 spec = {"model": model, "variant": variant, "model_dir": str(model_dir), "samples": samples,
                         "device": args.device, "dtype": dtype, "threads": args.threads, "reps": args.reps,
-                        "max_warmup": args.max_warmup, "out": str(root / f"trl-{model}")}
+                        "max_warmup": args.max_warmup, "out": str(root / f"trl-{model}"),
+                        "checkpointing": args.gradient_checkpointing}
                 t = time.perf_counter()
                 r = {"model": model, "variant": variant, "samples": len(samples),
                      **run_variant(spec, root / f"{model}-{variant}.log", args.trl_python)}

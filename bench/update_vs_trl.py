@@ -201,7 +201,8 @@ def _trl_worker(spec: dict):
         output_dir=spec["out"], per_device_train_batch_size=c["micro"], gradient_accumulation_steps=ga,
         num_generations=c["G"], num_iterations=1, beta=spec["beta"], loss_type="grpo", epsilon=0.2,
         temperature=1.0, max_completion_length=t_max, learning_rate=1e-6, weight_decay=0.0, max_grad_norm=1.0,
-        optim="adamw_torch", lr_scheduler_type="constant", warmup_steps=0, gradient_checkpointing=False,
+        optim="adamw_torch", lr_scheduler_type="constant", warmup_steps=0,
+        gradient_checkpointing=spec.get("gradient_checkpointing", False),
         bf16=False, fp16=False, use_cpu=True, report_to="none", logging_steps=1, seed=0, max_steps=1000,
         disable_dropout=True, log_completions=False)
     dataset = Dataset.from_dict({"prompt": [tokenizer.decode(s["prompt"]) for s in samples[:: c["G"]]]})

@@ -19,11 +19,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from zsearch_cli.config.commands import ExportOptions
+from zsearch_cli.config.fields import choices_of
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.files import mkdtemp_like_mkdir, umask_mode
 
 EXPORT_FILE = "zsearch_export.json"
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = choices_of(ExportOptions, "dtype")
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 
 

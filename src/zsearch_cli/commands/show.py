@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from zsearch_cli.config.commands import ShowOptions
+from zsearch_cli.config.fields import choices_of
 from zsearch_cli.errors import ZsearchError
 
-WHERE = ("correct", "wrong")
+WHERE = choices_of(ShowOptions, "where")
 _THINK = re.compile(r"<think>(.*?)(?:</think>|$)", re.DOTALL)
 _REASONING_CHARS = 600
 """Longer reasoning is cut (with a note): a terminal is for reading, the Parquet keeps it all."""
@@ -89,7 +91,7 @@ def select(trajs: Sequence[ShownTrajectory], ids: Sequence[str] = (), where: str
     """``--id`` (an id, or a question id matching all its samples ``ID#k``), ``--where``
     (correct: EM 1; wrong: EM 0), then the first ``--limit``."""
     if where is not None and where not in WHERE:
-        raise ZsearchError(f"unknown --where {where!r}: use correct or wrong")
+        raise ZsearchError(f"unknown --where {where!r}: use one of {', '.join(WHERE)}")
     chosen = [t for t in trajs if not ids or t.id in ids or t.id.split("#")[0] in ids]
     if ids and not chosen:
         raise ZsearchError(f"no trajectory with id {', '.join(ids)}")

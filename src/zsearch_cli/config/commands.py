@@ -116,7 +116,7 @@ class ShowOptions(Options):
     """A trajectory, rollout (train --save-rollouts) or eval examples Parquet file."""
     ids: Optional[list[str]] = option(None, flags=("--id",))
     """Only this trajectory id, or all samples of a question id (repeatable) [all]."""
-    where: Optional[str] = None
+    where: Optional[str] = option(None, choices=("correct", "wrong"))
     """Only correct (EM 1) or wrong (EM 0) ones [both]."""
     limit: int = option(3, range=AT_LEAST_1)
     """Show at most this many."""
@@ -175,7 +175,7 @@ class ExportOptions(Options):
     merge_lora: bool = option(False, flags=("--merge-lora",))
     """A LoRA adapter: merge it into its base and write full weights (without: the adapter, naming its
     base portably)."""
-    dtype: str = "auto"
+    dtype: str = option("auto", choices=("auto", "float32", "bfloat16", "float16"))
     """Weights' dtype: auto (as stored; a merge keeps the base's), float32, bfloat16 or float16."""
     eval: Optional[Path] = option(None, flags=("--eval",), param="eval_dir")
     """A `zsearch eval --out` folder whose summaries go into the model card [the run folder's own]."""
