@@ -52,12 +52,14 @@ MODELS = {
                                  num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False), 0, 1, 4, None),
 }
 VARIANTS = {
-    # rows per micro-batch (the model's), right-padded, the whole LM head: the update as it was
-    "before": dict(pack="off", logits_chunk=0),
-    # + a token budget (the model's) and packing; still the whole head
+    # rows per micro-batch (the model's) in arrival order, right-padded with the attention mask,
+    # the whole LM head: the update as it was
+    "before": dict(pack="off", logits_chunk=0, layout="masked", arrival_order=True),
+    # a token budget (the model's) and packing, the whole head
     "packed": dict(pack="on", logits_chunk=0, budget=True),
-    # + the chunked LM head: the shipped defaults, with the model's token budget
-    "after": dict(pack="on", budget=True),
+    # the shipped defaults (--pack auto: packed for a varlen attention kernel, else right-padded
+    # rows without the mask; the chunked LM head), with the model's token budget
+    "after": dict(budget=True),
     # TRL's GRPOTrainer on the same batch (its own venv, CPU): rows per micro-batch, padded
     "trl": None,
 }
@@ -159,7 +161,7 @@ def worker(spec: dict) -> dict:
 
     from zsearch_cli.train import microbatch
     from zsearch_cli.train.config import TrainConfig, algo_config, get_spec, resolve_config
-    from zsearch_cli.train.logprobs import resolve_packing
+    from zsearch_cli.train.logprobs import resolve_layout
     from zsearch_cli.train.optim import make_optimizer
     from zsearch_cli.train.policy import load_policy
     from zsearch_cli.train.update import (StepModels, advantages, micro_settings, optimize, rollout_tensors,
@@ -172,6 +174,12 @@ def worker(spec: dict) -> dict:
     _, config, lora_r, b, g, rows = MODELS[spec["model"]]
     samples_spec = spec["samples"]
     variant = dict(VARIANTS[spec["variant"]])
+    forced_layout = variant.pop("layout", None)
+    if variant.pop("arrival_order", False):  # as it was: R rows at a time in the batch's order
+        planned = microbatch.plan
+        microbatch.plan = lambda idx, lengths, rows, tokens, packed: (  # noqa: E731
+            [list(idx)[i : i + rows] for i in range(0, len(idx), rows)] if tokens is None
+            else planned(idx, lengths, rows, tokens, packed))
     budget = BUDGET[spec["model"]] or sum(len(s["prompt"]) + len(s["response"]) for s in samples_spec)
     options = dict(micro_batch_size=rows or len(samples_spec), gradient_checkpointing=spec.get("checkpointing", False),
                    **variant)
@@ -187,10 +195,12 @@ def worker(spec: dict) -> dict:
                                   "constant", 0.0)
     acc = Accelerator(cpu=not cuda)
     policy, optimizer = acc.prepare(policy, optimizer)
-    packed, why = resolve_packing(cfg.batch.pack, policy, config["vocab_size"], acc.device,
-                                  getattr(torch, spec["dtype"]))
+    layout, why = resolve_layout(cfg.batch.pack, policy, config["vocab_size"], acc.device, getattr(torch, spec["dtype"]),
+                                 getattr(acc.unwrap_model(policy).config, "_attn_implementation", None))
+    if forced_layout:
+        layout, why = forced_layout, f"{forced_layout} (the update as it was)"
     print(why, file=sys.stderr)
-    m = StepModels(policy, None, None, optimizer, None, acc, int(tokenizer.pad_token_id), acc.device, packed=packed)
+    m = StepModels(policy, None, None, optimizer, None, acc, int(tokenizer.pad_token_id), acc.device, layout=layout)
 
     def samples() -> list:
         return as_samples(samples_spec)
@@ -216,7 +226,8 @@ def worker(spec: dict) -> dict:
     slots = sum(microbatch.cost(mb, lengths, settings.packed) for mb in micros)
     median, stats, warmup, peak = _measure(update, spec, cuda)
     return _result(median, warmup, peak, samples_spec, slots, len(micros),
-                   {"loss": stats.get("actor/loss"), "grad_norm": stats.get("actor/grad_norm"), "packing": why,
+                   {"loss": stats.get("actor/loss"), "grad_norm": stats.get("actor/grad_norm"), "layout": layout,
+                    "why": why,
                     "logits_chunk": cfg.batch.logits_chunk})
 
 

@@ -166,7 +166,7 @@ def _update_worker(out: Path, model_dir: str, algo: str, batch_size: int, varian
     if critic is not None:
         critic, critic_opt = acc.prepare(critic, critic_opt)
     policy, optimizer = acc.prepare(policy, optimizer)
-    m = StepModels(policy, None, critic, optimizer, critic_opt, acc, 0, acc.device, packed=variant == "budget")
+    m = StepModels(policy, None, critic, optimizer, critic_opt, acc, 0, acc.device, layout="packed" if variant == "budget" else "causal")
     batch = advantages(spec, acfg, rollout_tensors(m, step_batch(mine, m.pad_id), cfg), acc)
     optimize(m, spec, acfg, cfg, batch, done=0)
     state = {k: v.detach().clone().contiguous() for k, v in acc.unwrap_model(policy).state_dict().items()}

@@ -4,6 +4,8 @@ values, the loss and every gradient, in fp64 on tiny models (Qwen2 and Llama, fu
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -21,18 +23,32 @@ def test_a_token_budget_groups_longest_first_and_a_long_sample_goes_alone():
     # 12 > 10 goes alone; 9 opens a bin; 5 (9+5 = 14) opens one; 4 joins 5 (9); 2 fits none
     # (12+2, 9+2, 9+2 are all > 10) and opens one.
     assert microbatch.plan(range(5), lengths, rows=8, tokens=10, packed=True) == [[4], [0], [2, 3], [1]]
-    # Padded (rows x the longest): 5 and 4 cost 2 x 5 = 10; with 2 it would be 3 x 5 = 15.
-    assert microbatch.plan(range(5), lengths, rows=8, tokens=10, packed=False) == [[4], [0], [2, 3], [1]]
-    # Padded at 15: now 2 joins 5 and 4 (3 x 5 = 15), but not 9 (2 x 9 = 18).
-    assert microbatch.plan(range(5), lengths, rows=8, tokens=15, packed=False) == [[4], [0], [1, 2, 3]]
     # Packed at 15: 5 joins 9 (14); 4 fits neither 12 (16) nor 14 (18); 2 joins 12 (14).
     assert microbatch.plan(range(5), lengths, rows=8, tokens=15, packed=True) == [[1, 4], [0, 2], [3]]
     # --micro-batch-size is not read under a budget: rows=1 gives the same bins
     assert microbatch.plan(range(5), lengths, rows=1, tokens=15, packed=True) == [[1, 4], [0, 2], [3]]
 
 
-def test_without_a_budget_micro_batches_are_rows_in_order():
+def test_a_padded_budget_counts_rows_times_the_longest_and_caps_the_padding():
+    lengths = [100, 98, 60, 57, 40]
+    # Budget 300, right-padded (a bin costs rows x its longest), first-fit in the order 100, 98,
+    # 60, 57, 40: 98 joins 100 (cost 200, padding 2 <= 5% of 200); 60 would fit the budget
+    # (3 x 100 = 300) but pad 300 - 258 = 42 > 15, so it opens a bin; 57 joins 60 (cost 120,
+    # padding 3 <= 6); 40 pads either bin too much (45 > 15 with 100/98; 180 - 157 = 23 > 9 with
+    # 60/57) and goes alone.
+    assert microbatch.plan(range(5), lengths, rows=8, tokens=300, packed=False) == [[0, 1], [2, 3], [4]]
+    assert microbatch.PADDING_LIMIT == 0.05
+    # The budget alone (no cap) would have put 60 with 100 and 98, then 40 with 57:
+    # [[0, 1, 2], [3, 4]]. A sample longer than the budget still goes alone:
+    assert microbatch.plan(range(3), [400, 100, 99], rows=8, tokens=300, packed=False) == [[0], [1, 2]]
+
+
+def test_without_a_budget_micro_batches_are_rows_longest_first():
+    # equal lengths keep the mini-batch's order (a stable sort)
     assert microbatch.plan([5, 3, 1, 0, 2], [1] * 6, rows=2, tokens=None, packed=True) == [[5, 3], [1, 0], [2]]
+    # samples 1 and 3 (9 tokens) share a micro-batch, then 2 (5) and 0 (3): 18 + 10 token slots,
+    # against 2 x 9 + 2 x 9 = 36 in arrival order
+    assert microbatch.plan(range(4), [3, 9, 5, 9], rows=2, tokens=None, packed=False) == [[1, 3], [2, 0]]
 
 
 def test_equalize_splits_the_costliest_then_pads():
@@ -92,16 +108,18 @@ def _model(arch: str, attn: str, lora: bool):
                                               ("llama", "sdpa", False), ("qwen2", "sdpa", True)])
 @pytest.mark.parametrize("top_p", [1.0, 0.9])
 def test_packed_and_chunked_logprobs_entropy_and_gradients_equal_the_padded_whole_head(arch, attn, lora, top_p):
-    # The reference is today's path: right-padded rows, the whole LM head. Packing, the chunked
-    # head (chunk 3: the 5 samples' policy tokens do not divide by it) and both at once must
-    # give the same logprobs, entropies and gradients of every parameter.
+    # The reference is today's path: right-padded rows with their mask, the whole LM head.
+    # Packing, right-padded rows without the mask (causal), the chunked head (chunk 3: the 5
+    # samples' policy tokens do not divide by it) and both at once must give the same
+    # logprobs, entropies and gradients of every parameter.
     model = _model(arch, attn, lora)
     trajs = _trajs(97)
     padded = collate(trajs, 0, "cpu")
     packed = _packed_like(padded, trajs)
+    causal = dataclasses.replace(padded, attention_mask=None)
     assert packed.input_ids.shape[0] == 1 and packed.attention_mask is None
     results = []
-    for batch, chunk in ((padded, 0), (packed, 0), (padded, 3), (packed, 3), (packed, 1000)):
+    for batch, chunk in ((padded, 0), (packed, 0), (causal, 0), (padded, 3), (packed, 3), (causal, 3), (packed, 1000)):
         model.zero_grad()
         logp, ent = policy_forward(model, batch, 0.8, entropy=True, top_p=top_p, chunk=chunk)
         (logp * torch.linspace(0.5, 1.5, logp.numel()).view_as(logp).double()).sum().backward()
@@ -115,7 +133,7 @@ def test_packed_and_chunked_logprobs_entropy_and_gradients_equal_the_padded_whol
         assert max(float((g_a[k] - g_b[k]).abs().max()) for k in g_a) < 1e-10
 
 
-def test_packed_values_equal_the_padded_ones():
+def test_packed_and_causal_values_equal_the_padded_ones():
     from zsearch_cli.train.policy import Critic
 
     model = _model("qwen2", "sdpa", False)
@@ -127,6 +145,8 @@ def test_packed_values_equal_the_padded_ones():
     inside = padded.mask | (padded.targets != 0)
     a, b = critic_forward(critic, padded), critic_forward(critic, packed)
     assert ((a - b).abs() * inside).max() < 1e-10
+    c = critic_forward(critic, dataclasses.replace(padded, attention_mask=None))  # causal rows
+    assert ((a - c).abs() * inside).max() < 1e-10
 
 
 def test_packing_really_confines_attention_to_each_sample():
@@ -150,19 +170,61 @@ def test_packing_really_confines_attention_to_each_sample():
     assert (good[0][first] - leaked[0][first]).abs().max() < 1e-10
 
 
-def test_auto_packs_where_the_probe_shows_it_exact_and_on_refuses_a_leaking_model(monkeypatch):
+def test_auto_packs_for_varlen_attention_pads_causally_for_sdpa_and_on_refuses_a_leaking_model(monkeypatch):
     from transformers import masking_utils
 
     from zsearch_cli.errors import ZsearchError
-    from zsearch_cli.train.logprobs import resolve_packing
+    from zsearch_cli.train.logprobs import resolve_layout
 
     model = _model("qwen2", "sdpa", False)
-    assert resolve_packing("auto", model, 97, "cpu", torch.float64)[0] is True
-    assert resolve_packing("off", model, 97, "cpu", torch.float64)[0] is False
+    # sdpa computes a packed row's whole attention: auto keeps rows, without the mask (causal)
+    layout, why = resolve_layout("auto", model, 97, "cpu", torch.float64, "sdpa")
+    assert layout == "causal" and "sdpa attention computes a packed row's whole" in why
+    # a varlen kernel (flash-attention) packs; the probe runs the model itself (sdpa here: exact)
+    assert resolve_layout("auto", model, 97, "cpu", torch.float64, "flash_attention_2")[0] == "packed"
+    assert resolve_layout("on", model, 97, "cpu", torch.float64, "sdpa")[0] == "packed"
+    assert resolve_layout("off", model, 97, "cpu", torch.float64, "flash_attention_2")[0] == "causal"
     # A model whose attention ignores the restarts (as one with its own attention code would):
     # transformers' packed-sequence detection switched off, so the second sample sees the first.
-    monkeypatch.setattr(masking_utils, "find_packed_sequence_indices", lambda position_ids: None)
-    packed, why = resolve_packing("auto", model, 97, "cpu", torch.float64)
-    assert packed is False and "does not confine itself to each packed sample" in why
-    with pytest.raises(ZsearchError, match="--pack on: packing would change the logprobs"):
-        resolve_packing("on", model, 97, "cpu", torch.float64)
+    with monkeypatch.context() as patch:
+        patch.setattr(masking_utils, "find_packed_sequence_indices", lambda position_ids: None)
+        layout, why = resolve_layout("auto", model, 97, "cpu", torch.float64, "flash_attention_2")
+        assert layout == "causal" and "does not confine itself to each packed sample" in why
+        with pytest.raises(ZsearchError, match="--pack on: packing would change the logprobs"):
+            resolve_layout("on", model, 97, "cpu", torch.float64, "sdpa")
+
+
+def test_a_model_whose_attention_reads_to_the_right_keeps_its_mask(monkeypatch):
+    # The causal layout's probe must see a model that is not causal: here eager attention with
+    # no mask at all (Qwen2's causal mask builder returning None), i.e. bidirectional, so the
+    # short, right-padded sample reads the padding after it and moves by far more than 1e-8.
+    import transformers.models.qwen2.modeling_qwen2 as qwen2
+
+    from zsearch_cli.train.logprobs import layout_probe, resolve_layout
+
+    model = _model("qwen2", "eager", False)
+    assert layout_probe(model, 97, "cpu", "causal") < 1e-7  # eager's fp32 softmax: ~1e-8
+
+    monkeypatch.setattr(qwen2, "create_causal_mask", lambda **kwargs: None)
+    assert layout_probe(model, 97, "cpu", "causal") > 1e-3
+    layout, why = resolve_layout("auto", model, 97, "cpu", torch.float64, "eager")
+    assert layout == "masked" and "attention is not causal" in why
+
+
+def test_attn_implementation_switches_the_kernel_and_a_missing_one_is_one_line(tiny_model_dir):
+    # --attn-implementation reaches the loaded policy; flash-attention is not installed here,
+    # so asking for it is refused in one line that names the option.
+    from zsearch_cli.errors import ZsearchError
+    from zsearch_cli.train.config import TrainConfig, resolve_config
+    from zsearch_cli.train.policy import load_policy
+
+    def cfg(kernel: str):
+        return resolve_config(TrainConfig.from_flat(algo="grpo", model=str(tiny_model_dir), attn_implementation=kernel))
+
+    policy, _ = load_policy(cfg("eager"), "cpu", "float32")
+    assert policy.config._attn_implementation == "eager"
+    policy, _ = load_policy(cfg("sdpa"), "cpu", "float32")
+    assert policy.config._attn_implementation == "sdpa"
+    with pytest.raises(ZsearchError, match=r"^--attn-implementation flash_attention_2: .*FlashAttention2") as err:
+        load_policy(cfg("flash_attention_2"), "cpu", "float32")
+    assert "\n" not in str(err.value)

@@ -63,7 +63,7 @@ def _update(model_dir, samples, sampler_shift: dict[tuple[int, int], float] | No
         # the trainer's own forward (its LM head: chunked unless --logits-chunk 0), so that an
         # unshifted token's ratio is exactly 1
         chunk = cfg.batch.logits_chunk
-        true, _ = policy_forward(policy, collate(trajs, 0, "cpu"), 1.0, chunk=-1 if chunk is None else chunk)  # [N, T]
+        true, _ = policy_forward(policy, collate(trajs, 0, "cpu"), 1.0, chunk=chunk)  # [N, T]
     for i, t in enumerate(trajs):  # a sampler that agrees with the policy, except where planted
         t.logprobs = [float(true[i, j]) - (sampler_shift or {}).get((i, j), 0.0) if k else 0.0
                       for j, k in enumerate(t.loss_mask)]

@@ -230,8 +230,13 @@ class BatchOptions:
     """Token budget per forward/backward: samples grouped by length, a longer one alone (verl's
     use_dynamic_bsz); wins over --micro-batch-size [off]."""
     pack: str = option("auto", choices=("auto", "on", "off"), execution=True)
-    """Concatenate each micro-batch's samples into one row, attention confined to each: auto where a
-    start-up probe shows it exact, on (refuse a model where not), off (right-padded rows)."""
+    """Concatenate each micro-batch's samples into one row, attention confined to each: auto with a
+    flash-attention kernel where a start-up probe shows it exact, on (refuse a model where not), off
+    (right-padded rows, without the attention mask where attention is causal)."""
+    attn_implementation: str = option("sdpa", choices=("sdpa", "eager", "flash_attention_2", "flash_attention_3"),
+                                      execution=True)
+    """Attention kernel of the trained models (transformers' name); flash-attention's varlen kernels
+    (installed separately) let --pack auto pack."""
     logits_chunk: Optional[int] = option(None, range=AT_LEAST_0, execution=True)
     """LM-head rows at a time, recomputed in backward (no [tokens, vocab] tensor whole); 0 = the whole
     head at once [2^26 / vocab rows]."""

@@ -1,10 +1,13 @@
 """From trajectories to per-token tensors: right-padded or packed batches, response logprobs, values.
 
-Two layouts of the same samples, one forward each (docs/methods.md §8):
+Three layouts of the same samples, one forward each (docs/methods.md §8; :data:`LAYOUTS`):
 
-- **Padded**: each row is ``prompt_ids + response_ids`` right-padded to the longest row.
-  Response token t of sample i sits at position P_i + t and is predicted by the logits at
-  P_i + t − 1, so ``resp_pos[i, t] = P_i + t − 1``.
+- **Padded** (``masked``, or ``causal`` without the mask): each row is ``prompt_ids +
+  response_ids`` right-padded to the longest row. Response token t of sample i sits at
+  position P_i + t and is predicted by the logits at P_i + t − 1, so ``resp_pos[i, t] = P_i + t − 1``.
+  Causal attention never reads a position to its right, so for right-padded rows the
+  attention mask changes nothing a real token sees: ``causal`` drops it, which lets sdpa run
+  its causal kernel instead of a masked one (25% of a forward's time on CPU, measured).
 - **Packed**: the samples are concatenated into one row with ``position_ids`` restarting at 0
   at each sample and no attention mask; transformers reads the restarts as sample boundaries
   and confines attention to each sample (``masking_utils.find_packed_sequence_indices`` for
@@ -26,6 +29,11 @@ import torch
 from torch import Tensor
 
 from zsearch_cli.models.nucleus import nucleus_mask
+
+PACKED, CAUSAL, MASKED = "packed", "causal", "masked"
+LAYOUTS = (PACKED, CAUSAL, MASKED)
+"""How a micro-batch's samples meet the model: one packed row; right-padded rows without an
+attention mask (exact for causal attention); right-padded rows with their mask (any model)."""
 
 
 @dataclass
@@ -50,8 +58,9 @@ class Batch:
         return self.position_ids is not None
 
     def model_inputs(self) -> dict[str, Tensor | None]:
-        """What the model is called with: the padded rows and their mask, or the packed row and
-        its restarting positions (and no mask, which is how transformers detects packing)."""
+        """What the model is called with: the padded rows and their mask (None: causal attention
+        alone), or the packed row and its restarting positions (and no mask, which is how
+        transformers detects packing)."""
         if self.packed:
             return {"input_ids": self.input_ids, "position_ids": self.position_ids, "attention_mask": self.attention_mask}
         return {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
@@ -165,7 +174,7 @@ def token_logprobs(logits: Tensor, targets: Tensor, temperature: float = 1.0, to
 
 
 def policy_forward(model: Any, batch: Batch, temperature: float, entropy: bool = False,
-                   top_p: float = 1.0, chunk: int = 0) -> tuple[Tensor, Tensor | None]:
+                   top_p: float = 1.0, chunk: int | None = 0) -> tuple[Tensor, Tensor | None]:
     """(logp [B, T], entropy [B, T] or None), both 0 off the policy tokens (``batch.mask``).
     Gradient flows through logp when enabled; the entropy is a logged statistic of the
     tempered distribution over the whole vocabulary, computed without grad. ``top_p``: see
@@ -177,7 +186,7 @@ def policy_forward(model: Any, batch: Batch, temperature: float, entropy: bool =
     entropy reuses the log-softmax the logprobs took.
 
     ``chunk`` (``--logits-chunk``): 0 runs the whole head; otherwise the LM head runs on the
-    policy positions' final hidden states ``chunk`` rows at a time (< 0: train/lm_head.py's
+    policy positions' final hidden states ``chunk`` rows at a time (None: train/lm_head.py's
     default), recomputed in the backward pass, so no ``[M, V]`` tensor exists whole; the same
     numbers (docs/methods.md §8)."""
     sel = batch.mask  # [B, T] bool
@@ -206,7 +215,7 @@ def policy_forward(model: Any, batch: Batch, temperature: float, entropy: bool =
 
 
 def _chunked_policy_forward(model: Any, batch: Batch, temperature: float, entropy: bool, top_p: float,
-                            chunk: int) -> tuple[Tensor, Tensor | None]:
+                            chunk: int | None) -> tuple[Tensor, Tensor | None]:
     """:func:`policy_forward` through the chunked head: the final hidden states of the policy
     positions (``[M, d]``) in, ``(logp, entropy)`` in the response frame out."""
     from zsearch_cli.train.lm_head import chunked_logprobs, final_hidden
@@ -221,8 +230,7 @@ def _chunked_policy_forward(model: Any, batch: Batch, temperature: float, entrop
         pos = (batch.resp_pos - batch.keep_from).clamp_min(0)  # [B, T]
         rows = torch.arange(batch.size, device=pos.device)[:, None].expand_as(pos)  # [B, T]
         hidden = states[rows[sel], pos[sel]]  # [M, d]
-    picked, h = chunked_logprobs(model, hidden, batch.targets[sel], temperature, top_p, entropy,
-                                 chunk if chunk > 0 else None)  # [M] x2
+    picked, h = chunked_logprobs(model, hidden, batch.targets[sel], temperature, top_p, entropy, chunk)  # [M] x2
     logp = torch.zeros(sel.shape, dtype=picked.dtype, device=picked.device).masked_scatter(sel, picked)  # [B, T]
     ent = None if h is None else torch.zeros(sel.shape, dtype=h.dtype, device=h.device).masked_scatter(sel, h)
     return logp, ent
@@ -238,19 +246,30 @@ def critic_forward(critic: Any, batch: Batch) -> Tensor:
     return values[rows, batch.resp_pos]
 
 
-PACK_PROBE_TOLERANCE = {torch.float64: 1e-8, torch.float32: 1e-4, torch.bfloat16: 0.1, torch.float16: 0.05}
-"""|Δ logprob| allowed between packed and separate forwards, per dtype: the kernels' rounding
-on other shapes. A leak across samples moves the probe's second sample by nats, not by these."""
+PROBE_TOLERANCE = {torch.float64: 1e-6, torch.float32: 1e-4, torch.bfloat16: 0.1, torch.float16: 0.05}
+"""|Δ logprob| allowed between a layout and separate forwards, per dtype: the kernels' rounding
+on other shapes (eager attention takes its softmax in fp32 even in an fp64 model: 1e-8 apart,
+measured). A leak across samples moves the probe's second sample by nats, not by these."""
+
+VARLEN_ATTENTION = ("flash_attention_2", "flash_attention_3", "kernels-community/flash-attn",
+                    "kernels-community/flash-attn3", "kernels-community/vllm-flash-attn3")
+"""Attention implementations whose packed forward computes each sample's own attention only
+(``cu_seqlens``). sdpa and eager compute a packed row's whole L × L attention and mask the
+cross-sample blocks: exact, but for search-agent lengths (thousands of tokens a sample) that is
+more work than the padding it removes (n samples of similar length packed cost about n× their
+attention alone; on CPU a packed update of smollm2 took 1.45× the padded one, measured)."""
 
 
 @torch.no_grad()
-def packing_probe(model: Any, vocab_size: int, device: Any) -> float:
-    """max |Δ logprob| between two samples packed into one row and the same samples run alone.
+def layout_probe(model: Any, vocab_size: int, device: Any, layout: str) -> float:
+    """max |Δ logprob| between two samples run in ``layout`` (packed into one row, or right-
+    padded rows without a mask) and the same samples run alone.
 
     Packing is exact only where the model's attention honours the restarting ``position_ids``
     (transformers' mask utilities and flash-attention's varlen path do; a model with its own
-    attention code may attend across samples). The probe's first sample is long (32 tokens) and
-    the second short (4), so a leak dominates the second sample's attention."""
+    attention code may attend across samples); dropping the mask of right-padded rows only where
+    attention is causal. The first sample is long (32 tokens) and the second short (4), so a
+    leak dominates the second sample's attention (packed), or the padding dominates it (causal)."""
     gen = torch.Generator().manual_seed(0)
     first = torch.randint(0, vocab_size, (32,), generator=gen).to(device)
     second = torch.randint(0, vocab_size, (4,), generator=gen).to(device)
@@ -258,26 +277,47 @@ def packing_probe(model: Any, vocab_size: int, device: Any) -> float:
     for seq in (first, second):
         logits = model(input_ids=seq[None], use_cache=False).logits[0]  # [n, V]
         alone.append(at_least_fp32(logits).log_softmax(-1))
-    both = torch.cat([first, second])[None]
-    positions = torch.cat([torch.arange(32), torch.arange(4)]).to(device)[None]
-    packed = at_least_fp32(model(input_ids=both, position_ids=positions, attention_mask=None,
-                                 use_cache=False).logits[0]).log_softmax(-1)  # [36, V]
-    return max(float((packed[:32] - alone[0]).abs().max()), float((packed[32:] - alone[1]).abs().max()))
+    if layout == PACKED:
+        both = torch.cat([first, second])[None]  # [1, 36]
+        positions = torch.cat([torch.arange(32), torch.arange(4)]).to(device)[None]
+        out = at_least_fp32(model(input_ids=both, position_ids=positions, attention_mask=None,
+                                  use_cache=False).logits[0]).log_softmax(-1)  # [36, V]
+        got = (out[:32], out[32:])
+    else:  # causal: the short sample right-padded with other ids (a leak would read them)
+        padding = torch.randint(0, vocab_size, (28,), generator=gen).to(device)
+        rows = torch.stack([first, torch.cat([second, padding])])  # [2, 32]
+        out = at_least_fp32(model(input_ids=rows, attention_mask=None, use_cache=False).logits).log_softmax(-1)
+        got = (out[0], out[1, :4])
+    return max(float((g - a).abs().max()) for g, a in zip(got, alone))
 
 
-def resolve_packing(choice: str, model: Any, vocab_size: int, device: Any, dtype: torch.dtype) -> tuple[bool, str]:
-    """``--pack auto|on|off`` -> (pack?, one line saying why). ``auto`` packs where the probe
-    shows it exact; ``on`` refuses a model where it is not (ZsearchError)."""
+def resolve_layout(choice: str, model: Any, vocab_size: int, device: Any, dtype: torch.dtype,
+                   attention: str | None) -> tuple[str, str]:
+    """``--pack auto|on|off`` -> (a :data:`LAYOUTS` entry, one line saying why).
+
+    ``on`` packs, and refuses a model where the probe shows packing inexact (ZsearchError).
+    ``auto`` packs where the model's ``attention`` implementation is a varlen kernel
+    (:data:`VARLEN_ATTENTION`) and the probe shows it exact. Otherwise the rows are right-padded,
+    without the attention mask where the probe shows attention causal (``causal``), with it
+    where not (``masked``)."""
     from zsearch_cli.errors import ZsearchError
 
-    if choice == "off":
-        return False, "packing off (--pack off): micro-batches are right-padded rows"
-    gap = packing_probe(model, vocab_size, device)
-    tolerance = PACK_PROBE_TOLERANCE.get(dtype, 1e-4)
+    tolerance = PROBE_TOLERANCE.get(dtype, 1e-4)
+    if choice == "on" or (choice == "auto" and attention in VARLEN_ATTENTION):
+        gap = layout_probe(model, vocab_size, device, PACKED)
+        if gap <= tolerance:
+            return PACKED, f"packing on: packed = separate forwards within {gap:.1e} (<= {tolerance:g} for {dtype})"
+        line = (f"packing would change the logprobs by {gap:.2e} (> {tolerance:g} for {dtype}): this model's "
+                "attention does not confine itself to each packed sample")
+        if choice == "on":
+            raise ZsearchError(f"--pack on: {line}; use --pack off (or auto)")
+        why = f"packing off (--pack auto): {line}"
+    elif choice == "auto":
+        why = (f"packing off (--pack auto): {attention or 'this'} attention computes a packed row's whole "
+               "L x L attention (only flash-attention's varlen kernels skip the other samples)")
+    else:
+        why = "packing off (--pack off)"
+    gap = layout_probe(model, vocab_size, device, CAUSAL)
     if gap <= tolerance:
-        return True, f"packing on: packed = separate forwards within {gap:.1e} (<= {tolerance:g} for {dtype})"
-    line = (f"packing would change the logprobs by {gap:.2e} (> {tolerance:g} for {dtype}): this model's attention "
-            "does not confine itself to each packed sample")
-    if choice == "on":
-        raise ZsearchError(f"--pack on: {line}; use --pack off (or auto)")
-    return False, f"packing off (--pack auto): {line}"
+        return CAUSAL, f"{why}; right-padded rows, causal attention without a mask (= separate forwards within {gap:.1e})"
+    return MASKED, f"{why}; right-padded rows with their attention mask (attention is not causal: {gap:.2e})"

@@ -2,12 +2,15 @@
 
 Two rules, one function:
 
-- **Rows** (``--micro-batch-size R``, no token budget): R samples at a time, in the mini-batch's
-  order, as before.
+- **Rows** (``--micro-batch-size R``, no token budget): R samples at a time, longest first, so
+  that each right-padded micro-batch holds samples of similar length (arrival order padded
+  the smollm2 bench's mix by 19%; longest first, 16%).
 - **A token budget** (``--micro-batch-tokens N``, verl's ``use_dynamic_bsz`` with
   ``ppo_max_token_len_per_gpu``): samples are grouped by length, first-fit decreasing, into
   micro-batches whose cost is at most N tokens. The cost is what the forward computes: the sum
-  of the lengths when packed (one row, no padding), rows × the longest when right-padded. A
+  of the lengths when packed (one row, no padding), rows × the longest when right-padded.
+  Right-padded, a sample also joins a micro-batch only if its padding stays within
+  :data:`PADDING_LIMIT` of the cost: padding is computed in every layer and thrown away. A
   sample longer than N goes alone. The budget wins over ``--micro-batch-size``, which is then
   not read.
 
@@ -31,21 +34,25 @@ from collections.abc import Sequence
 PAD_MICRO: list[int] = []
 """An empty micro-batch: run for the collectives only (weight 0)."""
 
+PADDING_LIMIT = 0.05
+"""Right-padded under a token budget: the most of a micro-batch's token slots that may be padding."""
+
 
 def plan(idx: Sequence[int], lengths: Sequence[int], rows: int, tokens: int | None, packed: bool) -> list[list[int]]:
     """Micro-batches (lists of sample indices from ``idx``) for one mini-batch.
 
     ``lengths[i]``: sample i's prompt + response tokens. ``rows``: ``--micro-batch-size``;
     ``tokens``: ``--micro-batch-tokens`` (None: cut by rows)."""
-    idx = list(idx)
+    idx = sorted(idx, key=lambda j: -lengths[j])  # longest first; stable: equal lengths keep their order
     if tokens is None:
         return [idx[i : i + rows] for i in range(0, len(idx), rows)]
     bins: list[list[int]] = []
     loads: list[int] = []  # each bin's cost
-    for i in sorted(idx, key=lambda j: (-lengths[j], j)):  # longest first; ties by index (deterministic)
+    for i in idx:
         for b, members in enumerate(bins):
             after = _cost(loads[b], members, lengths[i], lengths, packed)
-            if after <= tokens:
+            real = sum(lengths[j] for j in members) + lengths[i]
+            if after <= tokens and (packed or after - real <= PADDING_LIMIT * after):
                 members.append(i)
                 loads[b] = after
                 break

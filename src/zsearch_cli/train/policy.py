@@ -91,6 +91,19 @@ def disable_dropout(model: nn.Module) -> None:
             setattr(config, key, 0.0)
 
 
+def use_attention(model: Any, choice: str) -> None:
+    """``--attn-implementation``: switch a loaded model's attention kernel in place
+    (transformers checks that the kernel is installed). Under ``--pack auto`` only the varlen
+    flash-attention kernels pack (train/logprobs.py; docs/methods.md §8)."""
+    if getattr(model.config, "_attn_implementation", None) == choice:
+        return
+    try:
+        model.set_attn_implementation(choice)
+    except (ImportError, ValueError) as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ZsearchError(f"--attn-implementation {choice}: {first}") from None
+
+
 def load_policy(cfg: TrainConfig, device: str, dtype: str, resume_dir: Path | None = None) -> tuple[Any, Any]:
     """(policy, tokenizer), in train mode. From ``resume_dir`` when resuming: a full model
     folder, or (LoRA) the base from ``cfg.policy.model`` plus the saved adapter."""
@@ -98,6 +111,7 @@ def load_policy(cfg: TrainConfig, device: str, dtype: str, resume_dir: Path | No
         model, tokenizer = load_model(str(resume_dir), device=device, dtype=dtype, trainable=True)
     else:
         model, tokenizer = load_model(cfg.policy.model, device=device, dtype=dtype, trainable=True)
+    use_attention(model, cfg.batch.attn_implementation)
     if cfg.optim.lora_r > 0:
         from peft import PeftModel, get_peft_model
 
@@ -124,6 +138,7 @@ def load_reference(cfg: TrainConfig, policy: Any, device: str, dtype: str, neede
     if is_peft(policy):
         return policy
     model, _ = load_model(cfg.policy.model, device=device, dtype=dtype, trainable=False)
+    use_attention(model, cfg.batch.attn_implementation)
     return model
 
 
@@ -175,6 +190,7 @@ def load_critic(cfg: TrainConfig, device: str, dtype: str, resume_dir: Path | No
         backbone = AutoModel.from_pretrained(path, dtype=resolve_dtype(dtype, dev), weights_only=True)
     except (OSError, ValueError) as err:
         raise ZsearchError(f"--critic-model {source}: cannot load ({err})") from None
+    use_attention(backbone, cfg.batch.attn_implementation)
     if cfg.optim.lora_r > 0:
         from peft import get_peft_model
 

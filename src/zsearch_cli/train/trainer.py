@@ -148,21 +148,24 @@ class Trainer:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.models = StepModels(self.policy, self.reference, self.critic, self.optimizer, self.critic_optimizer,
                                  self.accelerator, int(self.pad_id), self.accelerator.device,
-                                 packed=self._resolve_packing())
+                                 layout=self._resolve_layout())
         self.sync_generation()
 
-    def _resolve_packing(self) -> bool:
-        """``--pack``: the start-up probe (train/logprobs.py), the same answer on every process."""
-        from zsearch_cli.train.logprobs import resolve_packing
+    def _resolve_layout(self) -> str:
+        """``--pack``: the start-up probes (train/logprobs.py), the same answer on every process
+        (the most conservative of theirs: LAYOUTS runs from packed to masked)."""
+        from zsearch_cli.train.logprobs import LAYOUTS, resolve_layout
 
         base = self.accelerator.unwrap_model(self.policy)
-        packed, why = resolve_packing(self.cfg.batch.pack, self.policy, int(base.config.vocab_size),
-                                      self.accelerator.device, next(base.parameters()).dtype)
+        layout, why = resolve_layout(self.cfg.batch.pack, self.policy, int(base.config.vocab_size),
+                                     self.accelerator.device, next(base.parameters()).dtype,
+                                     getattr(base.config, "_attn_implementation", None))
         if self.accelerator.num_processes > 1:
-            packed = bool(self.accelerator.gather(torch.tensor([int(packed)], device=self.accelerator.device)).min())
+            mine = torch.tensor([LAYOUTS.index(layout)], device=self.accelerator.device)
+            layout = LAYOUTS[int(self.accelerator.gather(mine).max())]
         if self.accelerator.is_main_process:
             self.console.print(why, soft_wrap=True)
-        return packed
+        return layout
 
     # ------------------------------------------------------------------ setup helpers
 

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from zsearch_cli.algos import AlgoConfig, AlgoSpec
 from zsearch_cli.train import microbatch
-from zsearch_cli.train.logprobs import Batch, collate, critic_forward, pack, pad_rows, policy_forward
+from zsearch_cli.train.logprobs import CAUSAL, MASKED, PACKED, Batch, collate, critic_forward, pack, pad_rows, policy_forward
 from zsearch_cli.train.policy import reference_mode
 
 if TYPE_CHECKING:
@@ -50,8 +50,9 @@ class StepModels:
     accelerator: Any
     pad_id: int
     device: Any
-    packed: bool = False
-    """Micro-batches run packed (``--pack``, resolved for this model: train/logprobs.py)."""
+    layout: str = MASKED
+    """How micro-batches meet the model (``--pack``, resolved for this model:
+    train/logprobs.py's ``resolve_layout``)."""
 
 
 @dataclass
@@ -108,20 +109,21 @@ class StepBatch:
         """Prompt + response tokens per sample."""
         return (self.prompt_lengths + self.response_lengths).tolist()
 
-    def forward_batch(self, idx: Sequence[int], device: Any, packed: bool = False) -> Batch:
+    def forward_batch(self, idx: Sequence[int], device: Any, layout: str = MASKED) -> Batch:
         """Rows ``idx`` cut to their own widths, on ``device``: the tensors :func:`collate`
-        gives for those samples alone; ``packed``: the same samples as one packed row
-        (train/logprobs.py), with the same response frame."""
+        gives for those samples alone (``causal``: without the attention mask); ``packed``: the
+        same samples as one packed row (train/logprobs.py), with the same response frame."""
         rows = torch.as_tensor(list(idx), dtype=torch.long)
         t = self.width(idx)
         b = self.tokens
         targets, mask = b.targets[rows, :t].to(device), b.mask[rows, :t].to(device)
-        if packed:
+        if layout == PACKED:
             ends = (self.prompt_lengths[rows] + self.response_lengths[rows]).tolist()
             seqs = [b.input_ids[i, :n].to(device) for i, n in zip(rows.tolist(), ends)]
             return pack(seqs, self.prompt_lengths[rows].tolist(), t, targets, mask)
         length = int((self.prompt_lengths[rows] + self.response_lengths[rows]).max())
-        return Batch(b.input_ids[rows, :length].to(device), b.attention_mask[rows, :length].to(device),
+        attention = None if layout == CAUSAL else b.attention_mask[rows, :length].to(device)
+        return Batch(b.input_ids[rows, :length].to(device), attention,
                      b.resp_pos[rows, :t].to(device), targets, mask,
                      keep_from=max(0, int(self.prompt_lengths[rows].min()) - 1))
 
@@ -142,13 +144,13 @@ class MicroSettings:
 
     rows: int  # --micro-batch-size
     tokens: int | None  # --micro-batch-tokens (None: by rows)
-    packed: bool  # --pack, resolved: one packed row per micro-batch
+    layout: str  # --pack, resolved: train/logprobs.py's LAYOUTS
     chunk: int | None = None  # --logits-chunk: LM-head rows at a time (None: train/lm_head.py's default; 0: whole)
 
     @property
-    def head_chunk(self) -> int:
-        """``policy_forward``'s ``chunk``: 0 = the whole head."""
-        return 0 if self.chunk == 0 else -1 if self.chunk is None else self.chunk
+    def packed(self) -> bool:
+        """One packed row per micro-batch (a micro-batch then costs its tokens, not rows x longest)."""
+        return self.layout == PACKED
 
 
 def micro_settings(cfg: TrainConfig, m: StepModels) -> MicroSettings:
@@ -158,7 +160,7 @@ def micro_settings(cfg: TrainConfig, m: StepModels) -> MicroSettings:
     chunk = b.logits_chunk
     if chunk is None and m.accelerator is not None and distribution(m.accelerator) != "replicated":
         chunk = 0  # FSDP/ZeRO-3 shard the head's weight outside its forward: the chunked head cannot read it
-    return MicroSettings(b.micro_batch_size, b.micro_batch_tokens, m.packed, chunk)
+    return MicroSettings(b.micro_batch_size, b.micro_batch_tokens, m.layout, chunk)
 
 
 def plan_micro_batches(m: StepModels, settings: MicroSettings, batch: StepBatch, idx: Sequence[int]) -> list[list[int]]:
@@ -226,29 +228,23 @@ def rollout_tensors(m: StepModels, batch: StepBatch, cfg: TrainConfig, version: 
     settings = micro_settings(cfg, m)
     micros = [] if batch.fused and batch.ref_logp is None else plan_micro_batches(m, settings, batch, range(n))
     for micro in micros:
-        if not micro:  # the collectives of an empty micro-batch (DDP): a real forward, discarded
-            fb = batch.forward_batch([0], m.device, settings.packed)
-            if batch.ref_logp is not None:
-                with reference_mode(m.accelerator.unwrap_model(m.reference)) as ref:
-                    policy_forward(ref, fb, cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                             chunk=settings.head_chunk)
-            if not batch.fused:
-                policy_forward(m.policy, fb, cfg.rollout.temperature, top_p=cfg.rollout.top_p, chunk=settings.head_chunk)
-                if batch.values is not None:
-                    critic_forward(m.critic, fb)
-            continue
-        fb = batch.forward_batch(micro, m.device, settings.packed)
+        real = bool(micro)  # an empty micro-batch (DDP's equal count) runs on sample 0 for its collectives, discarded
+        fb = batch.forward_batch(micro if real else [0], m.device, settings.layout)
         rows, t = torch.as_tensor(micro, dtype=torch.long, device=m.device), fb.mask.shape[1]
-        inside = batch.within(micro, m.device)  # [b, t]
+        inside = batch.within(micro, m.device) if real else None  # [b, t]
         if batch.ref_logp is not None:
             with reference_mode(m.accelerator.unwrap_model(m.reference)) as ref:
                 ref_logp, _ = policy_forward(ref, fb, cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                             chunk=settings.head_chunk)
-            batch.ref_logp[rows, :t] = torch.where(inside, ref_logp.float(), 0.0)
+                                             chunk=settings.chunk)
+            if real:
+                batch.ref_logp[rows, :t] = torch.where(inside, ref_logp.float(), 0.0)
         if batch.fused:
             continue
         logp, _ = policy_forward(m.policy, fb, cfg.rollout.temperature, top_p=cfg.rollout.top_p,
-                                 chunk=settings.head_chunk)  # [b, t]
+                                 chunk=settings.chunk)  # [b, t]
+        values = critic_forward(m.critic, fb) if batch.values is not None else None
+        if not real:
+            continue
         batch.old_logp[rows, :t] = torch.where(inside, logp.float(), 0.0)
         diff = (logp - batch.rows(batch.sampler_logp, micro).to(logp.device)).abs()
         same = fb.mask
@@ -256,8 +252,8 @@ def rollout_tensors(m: StepModels, batch: StepBatch, cfg: TrainConfig, version: 
             same = same & (batch.rows(batch.versions, micro).to(logp.device) == version)
         diff_sum += float(diff[same].sum())
         diff_n += int(same.sum())
-        if batch.values is not None:
-            batch.values[rows, :t] = torch.where(inside, critic_forward(m.critic, fb).float(), 0.0)
+        if values is not None:
+            batch.values[rows, :t] = torch.where(inside, values.float(), 0.0)
     batch.logp_mismatch = diff_sum / diff_n if diff_n else None
     if cfg.rollout_overlap:
         batch.old_logp = batch.sampler_logp.to(m.device)  # 0 on observations and padding, as the frame
@@ -430,7 +426,7 @@ def _micro_step(m: StepModels, spec: AlgoSpec, acfg: AlgoConfig, cfg: TrainConfi
     assert batch.old_logp is not None and batch.advantages is not None
     assert batch.loss_mask is not None and batch.weights is not None
     weight, critic_weight = (0.0, 0.0) if pad else weights
-    fb = batch.forward_batch(micro, m.device, settings.packed)
+    fb = batch.forward_batch(micro, m.device, settings.layout)
     loss_mask = batch.rows(batch.loss_mask, micro).to(m.device)  # [b, t]
     is_weights = batch.rows(batch.weights, micro).to(m.device)  # [b, t]
     old = batch.rows(batch.old_logp, micro)  # [b, t]
@@ -442,7 +438,7 @@ def _micro_step(m: StepModels, spec: AlgoSpec, acfg: AlgoConfig, cfg: TrainConfi
     sync = contextlib.nullcontext() if last else m.accelerator.no_sync(m.policy)
     with sync:
         logp, entropy = policy_forward(m.policy, fb, cfg.rollout.temperature, entropy=True, top_p=cfg.rollout.top_p,
-                                       chunk=settings.head_chunk)
+                                       chunk=settings.chunk)
         if batch.fused and not pad:  # π_old is this very forward (one optimizer step): detached, ratio 1
             old = logp.detach().float()
             rows = torch.as_tensor(micro, dtype=torch.long, device=batch.old_logp.device)
