@@ -133,7 +133,10 @@ def _update_worker(out: Path, model_dir: str, algo: str, batch_size: int, varian
     from zsearch_cli.train.config import TrainConfig, algo_config, check_even_shards, get_spec, resolve_config
     from zsearch_cli.train.policy import load_critic, load_policy
     from zsearch_cli.train.step_samples import Sample
-    from zsearch_cli.train.update import StepModels, advantages, optimize, rollout_tensors, step_batch
+    from accelerate.utils import gather_object
+
+    from zsearch_cli.train.balance import balance, send_home
+    from zsearch_cli.train.update import StepModels, advantages, optimize, rollout_tensors, sample_advantages, step_batch
 
     from helpers import make_trajectory
 
@@ -151,6 +154,8 @@ def _update_worker(out: Path, model_dir: str, algo: str, batch_size: int, varian
         prompt = torch.randint(3, 200, (4,), generator=gen).tolist()
         for g in range(2):
             n = 3 + (5 * p + 3 * g) % 7  # unequal lengths
+            if variant == "balanced":  # rank 0's prompts (0, 2) long, rank 1's (1, 3) short
+                n = {0: (30, 2), 1: (3, 4), 2: (14, 13), 3: (5, 6)}[p][g]
             mask = [1] * n
             mask[1] = 0  # an observation token in the middle
             traj = make_trajectory(f"q{p}#{g}", prompt_ids=prompt, loss_mask=mask, group_id=f"0:q{p}",
@@ -167,10 +172,24 @@ def _update_worker(out: Path, model_dir: str, algo: str, batch_size: int, varian
         critic, critic_opt = acc.prepare(critic, critic_opt)
     policy, optimizer = acc.prepare(policy, optimizer)
     m = StepModels(policy, None, critic, optimizer, critic_opt, acc, 0, acc.device, layout="packed" if variant == "budget" else "causal")
-    batch = advantages(spec, acfg, rollout_tensors(m, step_batch(mine, m.pad_id), cfg), acc)
+    dealt = balance(mine, rank, world, lambda obj: gather_object([obj])) if world > 1 else None
+    batch = advantages(spec, acfg, rollout_tensors(m, step_batch(dealt.samples if dealt else mine, m.pad_id), cfg), acc)
+    values = sample_advantages(batch)
+    if dealt is not None:  # each process's own samples' advantages, from wherever they were updated
+        values = send_home(values, dealt, rank, len(mine), lambda obj: gather_object([obj]))
+        (out / f"deal.rank{rank}.json").write_text(json.dumps({"before": dealt.before, "after": dealt.loads,
+                                                                "groups": sorted(s.group_key for s in dealt.samples)}))
+    (out / f"advantages.rank{rank}.world{world}.{variant}.json").write_text(json.dumps(
+        {s.trajectory.id: v for s, v in zip(mine, values)}))
     optimize(m, spec, acfg, cfg, batch, done=0)
     state = {k: v.detach().clone().contiguous() for k, v in acc.unwrap_model(policy).state_dict().items()}
     save_file(state, str(out / f"update.rank{rank}.world{world}.{variant}.safetensors"))
+    # the process group closed before the interpreter exits: left to exit-time destructors, gloo's
+    # threads sometimes aborted the process ("terminate called without an active exception")
+    acc.wait_for_everyone()
+    acc.end_training()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 # ------------------------------------------------------------------ helpers of the tests
@@ -316,6 +335,40 @@ def test_a_two_process_update_equals_the_one_process_update(tmp_path, tiny_model
         ddp = _weights(tmp_path / f"update.rank{rank}.world2.{variant}.safetensors")
         worst = max(float((ddp[k] - single[k]).abs().max()) for k in single)
         assert worst < 1e-6 * max(1.0, moved) + 1e-7, f"rank {rank} differs from one process by {worst:.3g}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo", ["grpo", "ppo"])
+def test_balanced_tokens_move_whole_groups_and_leave_the_update_and_the_advantages_unchanged(tmp_path, tiny_model_dir,
+                                                                                             algo):
+    # B = 4 prompts x 2 samples (4 prompt tokens each): rank 0 draws prompts 0 (34 + 6 tokens)
+    # and 2 (18 + 17), rank 1 prompts 1 (7 + 8) and 3 (9 + 10): 75 against 34 tokens. The deal
+    # (train/balance.py), longest group first to the lighter process with room: p0 (40) -> 0,
+    # p2 (35) -> 1, p3 (19) -> 1 (35 < 40), p1 (15) -> 0: 55 and 54. Dealt sample by sample
+    # instead, p1 and p3 would be split across the processes (their group baselines then
+    # wrong). The weights after one update equal one process's, each process holds whole
+    # groups, and each sample's advantage reaches the process that drew it.
+    args = [__file__, "update", str(tmp_path), str(tiny_model_dir), algo, "4", "balanced"]
+    one = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    _ok(_launch(args, None, tmp_path))
+    for rank in (0, 1):
+        deal = json.loads((tmp_path / f"deal.rank{rank}.json").read_text())
+        assert deal == {"before": [75, 34], "after": [55, 54], "groups": [["0:q0", "0:q0", "0:q1", "0:q1"],
+                                                                           ["0:q2", "0:q2", "0:q3", "0:q3"]][rank]}
+    single = _weights(tmp_path / "update.rank0.world1.balanced.safetensors")
+    initial = _weights(tiny_model_dir / "model.safetensors")
+    moved = max(float((single[k] - initial[k]).abs().max()) for k in initial)
+    assert moved > 1e-4
+    for rank in (0, 1):
+        ddp = _weights(tmp_path / f"update.rank{rank}.world2.balanced.safetensors")
+        worst = max(float((ddp[k] - single[k]).abs().max()) for k in single)
+        assert worst < 1e-6 * max(1.0, moved) + 1e-7, f"rank {rank} differs from one process by {worst:.3g}"
+    alone = json.loads((tmp_path / "advantages.rank0.world1.balanced.json").read_text())
+    both = {**json.loads((tmp_path / "advantages.rank0.world2.balanced.json").read_text()),
+            **json.loads((tmp_path / "advantages.rank1.world2.balanced.json").read_text())}
+    assert both.keys() == alone.keys() and max(abs(both[k] - alone[k]) for k in alone) < 1e-6
+    assert len({round(v, 6) for v in alone.values()}) > 1  # advantages that differ: a mix-up would show
 
 
 def test_a_batch_the_processes_cannot_share_equally_is_refused_before_any_model_loads(tmp_path, tiny_model_dir):

@@ -11,6 +11,7 @@ Llama (smollm2's architecture) built from configs, so the whole file runs in sec
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 import textwrap
@@ -473,6 +474,12 @@ PEAK_SCRIPT = textwrap.dedent("""
         status = open("/proc/self/status").read()
         return int(status.split("VmHWM:")[1].split()[0]) * 1024
 
+    # both paths once on a few rows first: the libraries' one-time set-up (thread pools, kernel
+    # caches) is not either path's peak, and under load it landed in the first one measured
+    small = OutputHead(torch.nn.Identity(), w[:1000].detach().clone().requires_grad_(), None)
+    chunked_logprobs(small, h[:4], y[:4] % 1000, entropy=True, chunk=2)[0].sum().backward()
+    F.linear(h[:4], w[:1000]).float().log_softmax(-1)[:, 0].sum().backward()
+    w.grad = h.grad = None
     base = peak()
     logp, ent = chunked_logprobs(OutputHead(torch.nn.Identity(), w, None), h, y, entropy=True, chunk=chunk)
     logp.sum().backward()
@@ -494,7 +501,10 @@ def test_peak_memory_whole_vs_chunked():
     V = 151,936, d = 64, M = 256: the whole path holds several [M, V] fp32 tensors (156 MB
     each); the chunked path (C = 32) a few [C, V] ones (19 MB each) and W's gradient (39 MB).
     Chunked runs first, so the whole path's peak is not hidden by it."""
-    out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT], capture_output=True, text=True, timeout=120)
+    # every large block by mmap, returned on free: glibc's adaptive threshold otherwise keeps freed
+    # blocks on its heap, and the resident peak then depends on the allocation history
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+    out = subprocess.run([sys.executable, "-c", PEAK_SCRIPT], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     chunked, whole = map(int, out.stdout.split())
     mv = 256 * 151936 * 4

@@ -233,6 +233,9 @@ class BatchOptions:
     """Concatenate each micro-batch's samples into one row, attention confined to each: auto with a
     flash-attention kernel where a start-up probe shows it exact, on (refuse a model where not), off
     (right-padded rows, without the attention mask where attention is causal)."""
+    balance_tokens: bool = option(True, execution=True)
+    """Under several processes, deal the prompt groups so each process updates on a like number of
+    tokens, keeping its sample count (verl's balance_batch)."""
     attn_implementation: str = option("sdpa", choices=("sdpa", "eager", "flash_attention_2", "flash_attention_3"),
                                       execution=True)
     """Attention kernel of the trained models (transformers' name); flash-attention's varlen kernels

@@ -32,6 +32,7 @@ from zsearch_cli.algos import AlgoConfig, AlgoSpec
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.progress import ProgressLines, Stopped, active_stop, heartbeat
 from zsearch_cli.train.signals import stop_between_steps
+from zsearch_cli.train.balance import Balancer
 from zsearch_cli.models.base import logp_tolerance
 from zsearch_cli.protocol import differing
 from zsearch_cli.search.base import SearchBackend
@@ -304,9 +305,11 @@ class Trainer:
                 # (VLLMBackend.update_weights: weights, sync, KV cache) before anything generates.
                 self.generation.sleep()
             self.policy.train()
-            batch = rollout_tensors(self.models, step_batch(train, self.models.pad_id), cfg, version=done)
+            balancer = Balancer(acc, cfg.batch.balance_tokens)  # the prompt groups dealt by tokens (train/balance.py)
+            dealt = balancer.deal(train)
+            batch = rollout_tensors(self.models, step_batch(dealt.samples, self.models.pad_id), cfg, version=done)
             batch = advantages(self.spec, self.acfg, batch, self.accelerator)
-            for sample, a in zip(train, sample_advantages(batch)):
+            for sample, a in zip(train, balancer.home(sample_advantages(batch), dealt, len(train))):
                 sample.advantage = a
             update = optimize(self.models, self.spec, self.acfg, cfg, batch, done)
             mismatch = batch.logp_mismatch
