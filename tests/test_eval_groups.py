@@ -133,3 +133,80 @@ def test_validation_on_a_merged_file_writes_per_source_summaries(tmp_path, tiny_
     for key, ids in (("test/nq", ("nq_1", "nq_2")), ("test/hotpotqa", ("hp_1",))):
         assert summaries[key]["em"] == pytest.approx(sum(e["em"] for e in examples if e["id"] in ids) / len(ids))
     assert metrics["val/em"] == pytest.approx(sum(e["em"] for e in examples) / 3)  # pooled, as the line says
+
+
+# ------------------------------------------------------------------ Search-R1's merged file as its script writes it
+
+
+def search_r1_merged_as_written(path: Path) -> Path:
+    """As Search-R1's ``qa_search_test_merge.py`` writes it: each FlashRAG file mapped (its own
+    ``id``, ``question`` and ``golden_answers`` kept, ``data_source``, ``prompt``, ``ability``,
+    ``reward_model`` and ``extra_info`` added), then concatenated, so FlashRAG's per-source ids
+    repeat: ``test_0`` is a row of nq and of triviaqa."""
+    rows = []
+    for source, items in (("nq", [("test_0", "capital of france", ["Paris"]), ("test_1", "largest ocean", ["Pacific"])]),
+                          ("triviaqa", [("test_0", "who wrote hamlet", ["Shakespeare"])])):
+        for idx, (id_, question, golds) in enumerate(items):
+            question = question.strip() + "?"
+            rows.append({"id": id_, "question": question, "golden_answers": golds, "data_source": source,
+                         "prompt": [{"role": "user", "content": f"Answer the given question. Question: {question}"}],
+                         "ability": "fact-reasoning",
+                         "reward_model": {"style": "rule", "ground_truth": {"target": golds}},
+                         "extra_info": {"split": "test", "index": idx}})
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_search_r1s_merged_file_with_repeated_flashrag_ids_is_keyed_by_source(tmp_path):
+    # Before: "column 'id' has duplicate value 'test_0'", the whole file refused.
+    merged = search_r1_merged_as_written(tmp_path / "test.parquet")
+    qa = load_qa(merged)
+    assert qa.column("id").to_pylist() == ["nq/test_0", "nq/test_1", "triviaqa/test_0"]
+    meta = [json.loads(m) for m in qa.column("metadata").to_pylist()]
+    assert [(m["data_source"], m["source_id"]) for m in meta] == [("nq", "test_0"), ("nq", "test_1"),
+                                                                  ("triviaqa", "test_0")]
+    labels = group_labels(merged, qa, "data_source")
+    assert [(g, t.column("id").to_pylist()) for g, t in split_groups(qa, labels)] == [
+        ("nq", ["nq/test_0", "nq/test_1"]), ("triviaqa", ["triviaqa/test_0"])]
+    # a repeat within one source is still refused, naming it
+    twice = pa.concat_tables([pq.read_table(merged), pq.read_table(merged).slice(0, 1)])
+    pq.write_table(twice, tmp_path / "twice.parquet")
+    from zsearch_cli.errors import ZsearchError
+
+    with pytest.raises(ZsearchError, match=r"twice.parquet: column 'id' has duplicate value 'nq/test_0' \(rows 0 and 3\)"):
+        load_qa(tmp_path / "twice.parquet")
+    # a file of one source keeps its ids
+    pq.write_table(pq.read_table(merged).slice(0, 2), tmp_path / "nq.parquet")
+    assert load_qa(tmp_path / "nq.parquet").column("id").to_pylist() == ["test_0", "test_1"]
+
+
+def test_predictions_with_repeated_ids_are_joined_by_source_and_scored_per_source(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    merged = search_r1_merged_as_written(tmp_path / "test.parquet")
+    preds = tmp_path / "preds.jsonl"
+    preds.write_text("\n".join(json.dumps(r) for r in [
+        {"id": "test_0", "data_source": "nq", "prediction": "Paris"},            # EM 1
+        {"id": "test_1", "data_source": "nq", "prediction": "Atlantic"},         # EM 0
+        {"id": "test_0", "data_source": "triviaqa", "prediction": "Marlowe"},    # EM 0
+    ]))
+    result = runner.invoke(app, ["eval", "--predictions", str(preds), "--qa", str(merged), "--out", "out"])
+    assert result.exit_code == 0, result.output
+    nq = read_artifact(tmp_path / "out/preds.jsonl/nq/predictions.summary.parquet", EVAL_SUMMARY).to_pylist()[0]
+    tq = read_artifact(tmp_path / "out/preds.jsonl/triviaqa/predictions.summary.parquet", EVAL_SUMMARY).to_pylist()[0]
+    # nq: (1 + 0)/2; triviaqa: 0/1 -- a join by the bare id would have given triviaqa nq's Paris
+    assert (nq["n"], nq["em"], tq["n"], tq["em"]) == (2, pytest.approx(0.5), 1, pytest.approx(0.0))
+    assert nq.get("missing", 0) == 0 and tq.get("missing", 0) == 0  # every prediction found its question
+
+
+def test_agent_eval_of_search_r1s_merged_file_as_written(tmp_path, monkeypatch, demo_index, tiny_model_dir):
+    monkeypatch.chdir(tmp_path)
+    merged = search_r1_merged_as_written(tmp_path / "test.parquet")
+    result = runner.invoke(app, [
+        "eval", "--datasets", str(merged), "--model", str(tiny_model_dir), "--index", str(demo_index),
+        "--out", "out", "--max-turn-tokens", "4", "--max-turns", "1", "--device", "cpu", "--limit", "1"])
+    assert result.exit_code == 0, result.output
+    assert "test.parquet: 2 datasets by data_source (nq 2, triviaqa 1)" in result.output
+    for source in ("nq", "triviaqa"):
+        examples = read_artifact(tmp_path / "out/test.parquet" / source / "agent.examples.parquet",
+                                 EVAL_EXAMPLE).to_pylist()
+        assert [e["id"] for e in examples] == [f"{source}/test_0"]

@@ -11,12 +11,12 @@ import pyarrow as pa
 
 from zsearch_cli.commands.eval_report import console, print_summaries
 from zsearch_cli.data.datasets import POOLED
-from zsearch_cli.data.qa import NO_GROUPING, dataset_key, group_labels, load_qa, split_groups
+from zsearch_cli.data.qa import NO_GROUPING, dataset_key, group_labels, load_qa, source_keyed_ids, split_groups
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.protocol import METRIC_VERSION, Protocol, file_fingerprint
 from zsearch_cli.rewards import score_answer
-from zsearch_cli.schemas import (EVAL_EXAMPLE, EVAL_SUMMARY, PREDICTIONS, file_kind, read_artifact, read_parquet,
-                                 rows_to_table, validate, write_artifact)
+from zsearch_cli.schemas import (EVAL_EXAMPLE, EVAL_SUMMARY, PREDICTIONS, file_kind, iter_jsonl,
+                                 read_parquet, rows_to_table, validate, write_artifact)
 from zsearch_cli.scoring import dataset_dir, summarize
 
 
@@ -31,6 +31,25 @@ def predictions_protocol(path: Path, key: str, qa_path: Path | None) -> Protocol
                     split=None, limit=None, full_set=True)
 
 
+def _read_predictions(path: Path) -> pa.Table:
+    """The predictions file, validated; ids keyed by (data_source, id) where the file holds
+    several sources whose ids repeat (as Search-R1's merged test file does: data/qa.py)."""
+    if file_kind(path) == "parquet":
+        table = read_parquet(path)
+    else:
+        rows = [obj for _, obj in iter_jsonl(path)]
+        if not rows:
+            raise ZsearchError(f"{path}: file has no rows (expected a predictions table)")
+        sources = [r.get("data_source") if isinstance(r, dict) else None for r in rows]
+        table = rows_to_table(rows, PREDICTIONS, path).append_column("data_source", pa.array(
+            [None if v in (None, "") else str(v) for v in sources], pa.string()))
+    if "data_source" in table.column_names and "id" in table.column_names:
+        keyed = source_keyed_ids(table.column("id").to_pylist(), table.column("data_source").to_pylist())
+        if keyed is not None:
+            table = table.set_column(table.column_names.index("id"), "id", pa.array(keyed, pa.string()))
+    return validate(table, PREDICTIONS, path)
+
+
 def score_predictions(path: Path, qa_path: Path | None, out: Path, config: dict[str, Any],
                       group_by: str = "data_source", pooled: bool = False) -> list[dict[str, Any]]:
     """Score another system's predictions: FILE has id + prediction (+ golden_answers),
@@ -38,10 +57,7 @@ def score_predictions(path: Path, qa_path: Path | None, out: Path, config: dict[
     counts: one without a prediction scores 0 and is counted as ``missing``. Split by
     ``group_by`` as :func:`evaluate` splits a file (the QA file's labels when given, else the
     predictions file's own column); returns one summary per dataset."""
-    if file_kind(path) == "parquet":
-        preds = validate(read_parquet(path), PREDICTIONS, path)
-    else:
-        preds = read_artifact(path, PREDICTIONS)
+    preds = _read_predictions(path)
     key = dataset_key(path, None)[0]
     golds: dict[str, list[str]] = {}
     questions: dict[str, str] = {}
@@ -58,10 +74,8 @@ def score_predictions(path: Path, qa_path: Path | None, out: Path, config: dict[
             labels = dict(zip(preds.column("id").to_pylist(), [None if v in (None, "") else str(v)
                                                                for v in raw.column(group_by).to_pylist()]))
         elif raw is None:
-            from zsearch_cli.schemas import iter_jsonl
-
-            labels = {str(o.get("id")): (None if o.get(group_by) in (None, "") else str(o.get(group_by)))
-                      for _, o in iter_jsonl(path)}
+            labels = dict(zip(preds.column("id").to_pylist(),  # in file order, as the ids (maybe source-keyed)
+                              [None if o.get(group_by) in (None, "") else str(o.get(group_by)) for _, o in iter_jsonl(path)]))
 
     def row(id_: str, prediction: str | None, gold: list[str]) -> dict[str, Any]:
         s = score_answer(prediction, gold)

@@ -61,7 +61,47 @@ def _from_search_r1(table: pa.Table, path: Path) -> pa.Table:
             "golden_answers": [str(t) for t in list(target)],
             "metadata": json.dumps(meta),
         })
-    return validate(pa.Table.from_pylist(rows, schema=QA.schema), QA, path)
+    sources = table.column("data_source").to_pylist() if "data_source" in table.column_names else [None] * len(rows)
+    return validate(key_by_source(pa.Table.from_pylist(rows, schema=QA.schema), sources), QA, path)
+
+
+def source_keyed_ids(ids: list[Any], sources: list[Any]) -> list[str] | None:
+    """Ids keyed by (data_source, id), or None where a file does not need it.
+
+    Search-R1's merged test file (``qa_search_test_merge.py``) keeps FlashRAG's per-source ids,
+    so ``test_0`` is a row of NQ, of TriviaQA, of PopQA and of Bamboogle. Where a file holds
+    several ``data_source`` values and its ids repeat, each row's id becomes ``source/id``, so
+    ids need only be unique within a source (the artifacts' unique-id check then refuses a repeat
+    within one source, naming it). Files whose ids are unique keep them."""
+    own = [str(x) for x in ids]
+    labels = [None if s in (None, "") else str(s) for s in sources]
+    if len(set(own)) == len(own) or len({s for s in labels if s is not None}) < 2:
+        return None
+    return [i if s is None else f"{s}/{i}" for i, s in zip(own, labels)]
+
+
+def key_by_source(table: pa.Table, sources: list[Any]) -> pa.Table:
+    """``table`` with :func:`source_keyed_ids` where needed, each row's own id kept in
+    ``metadata.source_id`` and its source in ``metadata.data_source``."""
+    ids = table.column("id").to_pylist()
+    keyed = source_keyed_ids(ids, sources)
+    if keyed is None:
+        return table
+    metas = table.column("metadata").to_pylist() if "metadata" in table.column_names else [None] * len(ids)
+    new_meta = []
+    for own, source, meta in zip(ids, sources, metas):
+        try:
+            obj = json.loads(meta) if meta else {}
+        except ValueError:
+            obj = {}
+        obj = obj if isinstance(obj, dict) else {"metadata": obj}
+        if source not in (None, ""):
+            obj.update(data_source=str(source), source_id=str(own))
+        new_meta.append(json.dumps(obj))
+    table = table.set_column(table.column_names.index("id"), "id", pa.array(keyed, pa.string()))
+    if "metadata" in table.column_names:
+        return table.set_column(table.column_names.index("metadata"), "metadata", pa.array(new_meta, pa.string()))
+    return table.append_column("metadata", pa.array(new_meta, pa.string()))
 
 
 def load_qa(path: str | Path) -> pa.Table:
@@ -74,6 +114,8 @@ def load_qa(path: str | Path) -> pa.Table:
         if "metadata" in table.column_names and not pa.types.is_string(table.schema.field("metadata").type):
             meta = [json.dumps(m, default=str) if m is not None else None for m in table.column("metadata").to_pylist()]
             table = table.set_column(table.column_names.index("metadata"), "metadata", pa.array(meta, pa.string()))
+        if "data_source" in table.column_names and "id" in table.column_names:
+            table = key_by_source(table, table.column("data_source").to_pylist())
         return validate(table, QA, path)
     return read_artifact(path, QA)
 
