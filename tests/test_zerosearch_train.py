@@ -30,14 +30,14 @@ def val_qa(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("args, message", [
     (["--noise-end", "0.5"], "--noise-end only applies to the simulated search (--search sim:MODEL or "
-                             "sim+http://HOST:PORT/v1), not --search bm25"),
+                             "sim+http://HOST:PORT/v1), not --search 'bm25'"),
     (["--search", "http://127.0.0.1:9", "--noise-start", "0.1", "--noise-schedule", "fixed"],
      "--noise-start/--noise-schedule only applies to the simulated search"),
     (["--search", "sim:m?noise_end=0.75", "--noise-end", "0.5"], "--noise-end and --search …?noise_end= both set it"),
     (["--search", "sim:m", "--noise-end", "1.5"], "--noise-end must be >= 0 and <= 1, got 1.5"),
     (["--search", "sim:m", "--noise-schedule", "linear"], "unknown --noise-schedule 'linear': use one of curriculum, fixed"),
     (["--search", "sim:m", "--topk", "6"], "--topk 6: the ZeroSearch simulator writes 5 documents"),
-    (["--val-data", "v.jsonl", "--val-search", "sim:m"], "--val-search sim:m is the simulator"),
+    (["--val-data", "v.jsonl", "--val-search", "sim:m"], "--val-search 'sim:m' is the simulator"),
     (["--search", "sim:m", "--val-data", "v.jsonl", "--val-search", "sim+http://127.0.0.1:9/v1"],
      "pass --val-allow-sim to validate on it anyway"),
     (["--val-limit", "0"], "--val-limit must be >= 1"),

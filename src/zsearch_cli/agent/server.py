@@ -18,6 +18,8 @@ trajectory. Model output is only ever parsed, never evaluated.
 
 from __future__ import annotations
 
+from zsearch_cli.errors import shown_spec
+
 import asyncio
 import dataclasses
 import threading
@@ -248,7 +250,7 @@ def run_agent_server(opts: Any) -> None:
     app = create_app(engine, name, max_concurrent=opts.max_concurrent, seed=opts.seed,
                      max_body_bytes=opts.max_body_kb << 10, aliases=(opts.policy.model,))
     shown = f"[{opts.host}]" if ":" in opts.host else opts.host
-    print(f"serving agent {name} (search {opts.retrieval.search}, protocol {opts.rollout.protocol}) on "
+    print(f"serving agent {name} (search {shown_spec(opts.retrieval.search)}, protocol {opts.rollout.protocol}) on "
           f"http://{shown}:{sock.getsockname()[1]}/v1  (POST /v1/chat/completions, GET /v1/models, GET /health; "
           "Ctrl+C stops)", flush=True)
     from zsearch_cli.retrieval.server import serve_until_stopped

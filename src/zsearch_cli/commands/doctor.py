@@ -3,6 +3,8 @@ value is the exit status (0 when every check passed)."""
 
 from __future__ import annotations
 
+from zsearch_cli.errors import shown_spec
+
 from typing import Any
 
 from zsearch_cli.progress import err_console
@@ -15,7 +17,7 @@ def doctor(opts: Any, options: dict[str, Any]) -> int:
     from zsearch_cli.doctor.run import render, run_doctor, write_json
 
     report = run_doctor(opts)
-    title = f"zsearch doctor: {opts.policy.model}, --backend {opts.policy.backend}, --search {opts.retrieval.search}"
+    title = f"zsearch doctor: {opts.policy.model}, --backend {opts.policy.backend}, --search {shown_spec(opts.retrieval.search)}"
     console = Console()
     render(report, Console(width=max(console.width, 150)), title)
     path = write_json(report, opts.out, options)

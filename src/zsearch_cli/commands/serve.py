@@ -29,7 +29,7 @@ from typing import Any
 
 from zsearch_cli.config.commands import ServeOptions
 from zsearch_cli.config.fields import to_flat
-from zsearch_cli.errors import ZsearchError
+from zsearch_cli.errors import ZsearchError, shown_kind, shown_spec
 
 PLAN_ENV = "ZSEARCH_SERVE_PLAN"
 
@@ -93,7 +93,7 @@ def _kind(plan: ServePlan) -> str:
         return "replicas"
     if spec == "serpapi" or spec.startswith("serpapi?"):
         return "serpapi"
-    raise ZsearchError(f"unknown --search {spec!r}: use bm25, dense, hybrid, http://host:port[,http://host2:port], "
+    raise ZsearchError(f"unknown --search {shown_kind(spec)}: use bm25, dense, hybrid, http://host:port[,http://host2:port], "
                        "serpapi, sim:MODEL or sim+http://host:port/v1")
 
 

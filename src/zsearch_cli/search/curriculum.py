@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 from zsearch_cli.config.fields import choices_of
 from zsearch_cli.config.parts import SimOptions
-from zsearch_cli.errors import ZsearchError
+from zsearch_cli.errors import ZsearchError, shown_name
 
 SCHEDULES = choices_of(SimOptions, "noise_schedule")
 """As ``--noise-schedule`` declares them; checked here too, for a ``sim:MODEL?schedule=`` spec."""
@@ -44,7 +44,7 @@ def noise_probability(
     step 0 (or before) and as 1 after it.
     """
     if schedule not in SCHEDULES:
-        raise ZsearchError(f"unknown noise schedule {schedule!r}: use one of {', '.join(SCHEDULES)}")
+        raise ZsearchError(f"unknown noise schedule {shown_name(str(schedule))}: use one of {', '.join(SCHEDULES)}")
     if schedule == "fixed":
         return float(p_start)
     if base <= 0:
@@ -96,7 +96,7 @@ class NoiseCurriculum:
             if not 0.0 <= value <= 1.0:
                 raise ZsearchError(f"noise {name} must be in [0, 1], not {value}")
         if self.schedule not in SCHEDULES:
-            raise ZsearchError(f"unknown noise schedule {self.schedule!r}: use one of {', '.join(SCHEDULES)}")
+            raise ZsearchError(f"unknown noise schedule {shown_name(str(self.schedule))}: use one of {', '.join(SCHEDULES)}")
         if self.base <= 0:
             raise ZsearchError(f"the curriculum base must be > 0, not {self.base}")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zsearch_cli.errors import ZsearchError
+from zsearch_cli.errors import ZsearchError, shown_kind, shown_name, shown_spec
 
 INDEX_METHODS = ("bm25", "dense", "hybrid", "auto", "index")
 
@@ -40,7 +40,7 @@ def make_search_backend(spec: str, index_dir: str | Path | None = None, **kwargs
         from zsearch_cli.search.web import SerpAPISearch
 
         return SerpAPISearch(**{**serpapi_options(spec), **kwargs})
-    raise ZsearchError(f"unknown --search {spec!r}: use bm25, dense, hybrid, http://host:port, serpapi, "
+    raise ZsearchError(f"unknown --search {shown_kind(spec)}: use bm25, dense, hybrid, http://host:port, serpapi, "
                        "sim:MODEL or sim+http://host:port/v1")
 
 
@@ -55,8 +55,9 @@ def serpapi_options(spec: str) -> dict[str, str]:
         name, eq, value = part.partition("=")
         name = name.strip().replace("-", "_")
         if not eq or name not in SERPAPI_OPTIONS:
-            # the spec is not echoed: it could hold a key someone put there by mistake
-            raise ZsearchError(f"--search serpapi: option {name!r} is not one of {', '.join(SERPAPI_OPTIONS)} "
+            # neither the spec nor a name that is no plain word is echoed: either could hold a key
+            what = f"option {shown_name(name)}" if eq else f"{shown_name(name)} has no value and"
+            raise ZsearchError(f"--search serpapi: {what} is not one of {', '.join(SERPAPI_OPTIONS)} "
                                "(written serpapi?name=value&…; the key comes from SERPAPI_API_KEY)")
         options[name] = value.strip()
     return options

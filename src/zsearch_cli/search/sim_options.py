@@ -10,7 +10,7 @@ import dataclasses
 from typing import Any
 
 from zsearch_cli.config.parts import SimOptions
-from zsearch_cli.errors import ZsearchError
+from zsearch_cli.errors import ZsearchError, shown_spec
 
 
 def _flag(name: str) -> str:
@@ -28,7 +28,7 @@ def sim_search_options(spec: str, sim: SimOptions, *, seed: int, topk: int) -> d
     if not is_simulated(spec):
         if set_fields:
             raise ZsearchError(f"{'/'.join(map(_flag, set_fields))} only applies to the simulated search "
-                               f"(--search sim:MODEL or sim+http://HOST:PORT/v1), not --search {spec}")
+                               f"(--search sim:MODEL or sim+http://HOST:PORT/v1), not --search {shown_spec(spec)}")
         return {}
     from zsearch_cli.search.curriculum import NoiseCurriculum
     from zsearch_cli.search.sim_text import SFT_DOCS

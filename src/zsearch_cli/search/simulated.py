@@ -19,7 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, fields
 from typing import Any, Sequence
 
-from zsearch_cli.errors import ZsearchError
+from zsearch_cli.errors import ZsearchError, shown_kind, shown_name, shown_spec
 from zsearch_cli.prompts.simulator import PROMPT_MODE_SYSTEM
 from zsearch_cli.retrieval.base import Passage
 from zsearch_cli.search.base import SearchBackend, SearchBackendError, SearchRequest, SearchResult
@@ -82,7 +82,7 @@ class SimConfig:
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
-            raise ZsearchError(f"unknown simulator mode {self.mode!r}: use sft or prompt")
+            raise ZsearchError(f"unknown simulator mode {shown_name(str(self.mode))}: use sft or prompt")
         if self.max_tokens < 1:
             raise ZsearchError(f"simulator max_tokens must be >= 1, not {self.max_tokens}")
 
@@ -94,7 +94,7 @@ class SimConfig:
         for raw_name, value in options.items():
             name = _option_name(raw_name)
             if name not in known:
-                raise ZsearchError(f"unknown simulator option {raw_name!r}: use {', '.join(known)}")
+                raise ZsearchError(f"unknown simulator option {shown_name(raw_name)}: use {', '.join(known)}")
             values[name] = _coerce(name, known[name].default, value)
         return cls(**values)
 
@@ -109,7 +109,7 @@ def _coerce(name: str, default: Any, value: Any) -> Any:
             return value.lower() in ("1", "true", "yes")
         return type(default)(value)
     except ValueError:
-        raise ZsearchError(f"simulator option {name}: {value!r} is not a {type(default).__name__}") from None
+        raise ZsearchError(f"simulator option {name}: its value is not a {type(default).__name__}") from None
 
 
 def _doc_id(text: str) -> str:
@@ -307,21 +307,21 @@ def parse_sim_spec(spec: str) -> tuple[str, dict[str, str]]:
     if spec.startswith("sim+"):
         target = spec[len("sim+"):]
         if not target.startswith(("http://", "https://")):
-            raise ZsearchError(f"--search {spec!r}: use sim+http://host:port/v1")
+            raise ZsearchError(f"--search {shown_kind(spec)}: use sim+http://host:port/v1")
     elif spec.startswith("sim:"):
         target = spec[len("sim:"):]
     else:
-        raise ZsearchError(f"--search {spec!r} is not a simulator spec (sim:MODEL or sim+http://host:port/v1)")
+        raise ZsearchError(f"--search {shown_kind(spec)} is not a simulator spec (sim:MODEL or sim+http://host:port/v1)")
     options: dict[str, str] = {}
     if "?" in target:
         target, query = target.split("?", 1)
         for part in filter(None, query.split("&")):
             name, eq, value = part.partition("=")
             if not eq:
-                raise ZsearchError(f"--search {spec!r}: option {part!r} needs a value (name=value)")
+                raise ZsearchError(f"--search {shown_spec(spec)}: option {shown_name(part)} needs a value (name=value)")
             options[name.strip()] = value.strip()
     if not target:
-        raise ZsearchError(f"--search {spec!r}: name the simulator model, e.g. sim:smollm2")
+        raise ZsearchError(f"--search {shown_spec(spec)}: name the simulator model, e.g. sim:smollm2")
     return target, options
 
 

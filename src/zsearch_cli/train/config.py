@@ -20,7 +20,7 @@ from zsearch_cli.config.fields import Record, check_options, option, part, to_fl
 from zsearch_cli.config.parts import (BatchOptions, CorrectionOptions, GuardOptions, LossOptions, ModelOptions, OptimConfig,
                                       RolloutOptions, RunConfig, SearchConfig, Seeded, SimOptions, ValidationConfig)
 from zsearch_cli.config.ranges import ANY, AT_LEAST_0, AT_LEAST_1, POSITIVE, Range
-from zsearch_cli.errors import ZsearchError
+from zsearch_cli.errors import ZsearchError, shown_spec
 from zsearch_cli.presets import apply_preset
 
 
@@ -291,5 +291,5 @@ def check_validation(cfg: TrainConfig) -> None:
     from zsearch_cli.search.factory import is_simulated
 
     if cfg.validation.val_data and is_simulated(validation_search(cfg)) and not cfg.validation.val_allow_sim:
-        raise ZsearchError(f"--val-search {validation_search(cfg)} is the simulator: validation measures real "
+        raise ZsearchError(f"--val-search {shown_spec(validation_search(cfg))} is the simulator: validation measures real "
                            "retrieval (default: bm25 over --index); pass --val-allow-sim to validate on it anyway")
