@@ -202,6 +202,21 @@ def test_bad_requests_get_openai_errors(searcher):
     assert requests.get(f"{url}/health", timeout=5).json()["status"] == "ok"  # still serving
 
 
+def test_text_the_tokenizer_cannot_take_is_a_400_naming_the_field(searcher):
+    # A lone UTF-16 surrogate (JSON's \ud800) reached the tokenizer: 500 and a traceback in the
+    # log (issue 36.4). Now 400 naming the message, and the server stays up. A NUL too.
+    url, _ = searcher
+    for raw, what in [(b"capital \\ud800 of France", "lone surrogate (U+D800)"),
+                      (b"capital \\u0000 of France", "NUL character")]:
+        body = b'{"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "' + raw + b'"}]}'
+        r = requests.post(f"{url}/v1/chat/completions", data=body, timeout=30)
+        assert r.status_code == 400, r.text[:300]
+        error = r.json()["error"]
+        assert error["param"] == "messages" and "'messages'[1].content holds a" in error["message"]
+        assert what in error["message"]
+    assert requests.get(f"{url}/health", timeout=5).json()["status"] == "ok"  # still serving
+
+
 def test_engine_refusals_are_json_errors(searcher, tiny_model_and_tokenizer, demo_index):
     url, _ = searcher
     long = " ".join(["polonium"] * 3000)  # under the character cap, over --max-context-tokens

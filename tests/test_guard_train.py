@@ -81,6 +81,8 @@ def test_stop_ends_a_planted_collapse_with_a_one_line_report(tmp_path, tiny_mode
     report = json.loads((out / "guard_report.json").read_text())
     assert report["step"] == event["step"] and report["events"][0]["check"] == "reward_drop"
     assert not (out / "final").exists()
+    # a run stopped after doing work keeps the config that replays it (it was removed as if refused)
+    assert "on_collapse: stop" in (out / "config.yaml").read_text()
 
     # zsearch plot marks the event: the PNG is written without error
     plotted = runner.invoke(app, ["plot", str(out)])

@@ -79,13 +79,20 @@ def test_report_checks_each_goal(tmp_path):
     # Each goal missed on its own: two questions lost on the held-out set, no greedy gain,
     # a rise of 0.24, and 61 minutes.
     bad = report(_run_folder(tmp_path / "heldout", rewards, {**em, "heldout-after": (20 / 72, 72)}), wall_s=3000)
-    assert [ok for ok in bad["goals"].values()] == [True, True, False, True]
+    assert [ok for ok in bad["goals"].values()] == [True, True, False]
     bad = report(_run_folder(tmp_path / "greedy", rewards, {**em, "trained-after": (0.25, 8)}), wall_s=3000)
-    assert [ok for ok in bad["goals"].values()] == [True, False, True, True]
+    assert [ok for ok in bad["goals"].values()] == [True, False, True]
     flat = rewards[:7] + [0.5, 0.5, 0.5, 0.5, 0.7]  # last 5: 2.7/5 = 0.54, a rise of 0.24
     bad = report(_run_folder(tmp_path / "flat", flat, em), wall_s=3000)
-    assert [ok for ok in bad["goals"].values()] == [False, True, True, True]
-    assert not report(tmp_path / "ok", wall_s=3660)["goals"]["wall time <= 60 min"]
+    assert [ok for ok in bad["goals"].values()] == [False, True, True]
+    # over the time budget: reported, and every learning goal still met, so the recipe passes
+    # (it exited 1 on a machine slower than the one that set the budget: issue 36.11)
+    slow = report(tmp_path / "ok", wall_s=3660)
+    assert all(slow["goals"].values()) and slow["within_time_budget"] is False
+    from zsearch_cli.train.overfit import main, table
+
+    assert "61.0 min, over the 60-minute budget" in table(slow)
+    assert main(["report", str(tmp_path / "ok"), "--wall-s", "3660", "--strict"]) == 0
     # No reference (DSPO's beta 0): the KL is null in the JSON and said so in the table.
     no_kl = _run_folder(tmp_path / "dspo", rewards, em)
     pq.write_table(pq.read_table(no_kl / "train" / "metrics.parquet").drop(["actor/kl_ref"]),

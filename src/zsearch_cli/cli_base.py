@@ -9,6 +9,7 @@ stages write into their output's Parquet metadata.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -265,7 +266,11 @@ def config_yaml(values: dict[str, Any]) -> str:
     return yaml.safe_dump({k: plain(v) for k, v in values.items()}, sort_keys=False, default_flow_style=False)
 
 
-def write_run_config(out: Path, body: str, command: str) -> Optional[tuple[Path, Optional[str], bool]]:
+RunConfigRecord = tuple[Path, Optional[str], bool, dict[str, tuple[int, int]]]
+"""What :func:`restore_run_config` needs: the path, its previous text, whether the folder was created, the folder's state."""
+
+
+def write_run_config(out: Path, body: str, command: str) -> Optional[RunConfigRecord]:
     """Write OUT/config.yaml atomically: a comment header (version, command line), then
     ``body``. Returns what :func:`restore_run_config` needs to undo it."""
     import os
@@ -288,14 +293,37 @@ def write_run_config(out: Path, body: str, command: str) -> Optional[tuple[Path,
         tmp.replace(path)
     except OSError as err:
         raise ZsearchError(f"{path}: cannot write the run's config ({err.strerror})") from None
-    return path, previous, created
+    return path, previous, created, folder_state(out)
 
 
-def restore_run_config(record: Optional[tuple[Path, Optional[str], bool]]) -> None:
-    """Undo :func:`write_run_config` (the command refused to run: the folder's run is unchanged)."""
+def folder_state(out: Path) -> dict[str, tuple[int, int]]:
+    """What a run has written under ``out``: (size, mtime) of every file, by relative path,
+    except the run's own config, logs and hidden temporaries (none of them is work)."""
+    state: dict[str, tuple[int, int]] = {}
+    for root, dirs, files in os.walk(out):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in files:
+            rel = os.path.relpath(os.path.join(root, name), out)
+            if rel == RUN_CONFIG or name.startswith(".") or name.endswith(".log"):
+                continue
+            try:
+                st = os.stat(os.path.join(root, name))
+            except OSError:
+                continue
+            state[rel] = (st.st_size, st.st_mtime_ns)
+    return state
+
+
+def restore_run_config(record: Optional[RunConfigRecord]) -> None:
+    """Undo :func:`write_run_config` when the command refused to run, i.e. wrote nothing in
+    the folder (:func:`folder_state` unchanged): the folder's own run keeps its config. A run
+    that failed after doing work (a train stopped by the collapse guard, an eval whose
+    retrievers died after some rows) keeps the config that would replay it."""
     if record is None:
         return
-    path, previous, created = record
+    path, previous, created, before = record
+    if folder_state(path.parent) != before:
+        return
     try:
         if previous is not None:
             path.write_text(previous, encoding="utf-8")

@@ -17,6 +17,7 @@ import os
 import struct
 import tempfile
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 _lock = threading.Lock()
@@ -79,3 +80,115 @@ def sha256_file(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+# ------------------------------------------------------------------ replacing a folder (one rule)
+#
+# Every folder zsearch replaces (an index, an export, a checkpoint, a converted or merged model)
+# goes through these, in this order:
+#   1. write beside it: new_folder_beside(target), ``.NAME.PID.xxxx.tmp`` (the owner's pid inside);
+#   2. move the old one aside: ``.NAME.old-PID-NS``;
+#   3. rename the new one in;
+#   4. remove the old one;
+#   5. a later run cleans what dead processes left (clean_stale_temps): their temps are removed,
+#      and an old folder moved aside whose replacement never arrived (a kill between 2 and 3) is
+#      renamed back, so a kill at any moment leaves the old folder or the new one, never neither.
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` exists (on this machine)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    except (OverflowError, ValueError):
+        return False
+    return True
+
+
+def new_folder_beside(target: Path, note: Callable[[str], None] | None = None) -> Path:
+    """Step 1: an empty folder beside ``target`` to write the new one in (mode as ``mkdir``),
+    named with this process's pid so a later run can tell a dead writer's from a live one's.
+    Step 5 runs first; ``note`` gets its lines (default: stderr)."""
+    import sys
+
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    for line in clean_stale_temps(target):
+        (note or (lambda text: print(text, file=sys.stderr)))(line)
+    return mkdtemp_like_mkdir(prefix=f".{target.name}.{os.getpid()}.", suffix=".tmp", dir=target.parent)
+
+
+def swap_in(tmp: Path, target: Path) -> None:
+    """Steps 2-4: move ``target`` aside (if any), rename ``tmp`` in, remove the old one."""
+    import shutil
+    import time
+
+    target = Path(target)
+    old = None
+    if target.exists() or target.is_symlink():
+        old = target.with_name(f".{target.name}.old-{os.getpid()}-{time.monotonic_ns()}")
+        os.rename(target, old)
+    os.rename(tmp, target)
+    if old is not None:
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
+
+
+def _owner(name: str, prefix: str) -> tuple[str, int] | None:
+    """("tmp" | "old", pid) of a name this rule writes beside a target, else None."""
+    rest = name[len(prefix):]
+    if rest.endswith(".tmp"):
+        pid_text, kind = rest.split(".", 1)[0], "tmp"
+    elif rest.startswith("old-"):
+        pid_text, kind = rest[4:].split("-", 1)[0], "old"
+    else:
+        return None
+    return (kind, int(pid_text)) if pid_text.isdigit() else None
+
+
+def clean_stale_temps(target: Path) -> list[str]:
+    """Step 5: what dead processes left beside ``target``. Their new folders are removed; an
+    old folder they moved aside is renamed back when ``target`` is missing (the kill came
+    between steps 2 and 3), else removed. A live owner's (a concurrent writer) are kept.
+    Returns one line per folder restored (for the caller to print)."""
+    import shutil
+
+    target = Path(target)
+    prefix = f".{target.name}."
+    if not target.parent.is_dir():
+        return []
+    restored = []
+    leftovers = sorted(target.parent.iterdir(), key=lambda p: p.name)
+    for path in leftovers:
+        owner = _owner(path.name, prefix) if path.name.startswith(prefix) else None
+        if owner is None or pid_alive(owner[1]):
+            continue
+        if owner[0] == "old" and not target.exists():
+            os.rename(path, target)
+            restored.append(f"{target}: restored the previous version, which a killed process (pid {owner[1]}) "
+                            "had moved aside")
+        elif path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+    return restored
+
+
+def replace_folder(target: Path, write: Callable[[Path], None], note: Callable[[str], None] | None = None) -> Path:
+    """The whole rule: ``write(tmp)`` fills a folder beside ``target``, which then replaces it.
+    A failure in ``write`` removes the new folder and leaves ``target`` as it was."""
+    import shutil
+
+    tmp = new_folder_beside(target, note)
+    try:
+        write(tmp)
+        tmp.chmod(umask_mode(0o777))
+        swap_in(tmp, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return Path(target)

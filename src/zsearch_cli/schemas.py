@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 
 from zsearch_cli import __version__
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.text_check import text_problem
 from zsearch_cli.files import mkstemp_like_open
 
 META_VERSION = b"zsearch.version"
@@ -42,6 +43,9 @@ class Artifact:
     """String columns that must not be empty or whitespace."""
     optional: frozenset[str] = field(default_factory=frozenset)
     """Columns that may be absent on input; they are filled with nulls."""
+    text: tuple[str, ...] = ()
+    """String columns that reach a tokenizer: no NUL (text_check.py; jsonl input is checked
+    for lone surrogates too, which Parquet cannot hold)."""
 
 
 _str = pa.string()
@@ -53,6 +57,7 @@ CORPUS = Artifact(
     "corpus",
     pa.schema([("id", _str), ("title", _str), ("text", _str)]),
     unique="id",
+    text=("title", "text"),
 )
 
 QA = Artifact(
@@ -66,6 +71,7 @@ QA = Artifact(
     unique="id",
     nonempty=("question",),
     optional=frozenset({"metadata"}),
+    text=("question",),
 )
 
 _i8s = pa.list_(pa.int8())
@@ -527,6 +533,10 @@ def validate(table: pa.Table, artifact: Artifact, source: str | os.PathLike) -> 
             if pc.any(inner_nulls).as_py():
                 row = pc.list_parent_indices(col)[_first_true(inner_nulls)].as_py()
                 raise ZsearchError(f"{src}: row {row}: column '{fld.name}' holds a null (a list of strings may not)")
+    for name in artifact.text:  # NUL is valid UTF-8 (Parquet holds it) but no text a tokenizer should get
+        nul = pc.fill_null(pc.match_substring(out.column(name), "\x00"), False)
+        if pc.any(nul).as_py():
+            raise ZsearchError(f"{src}: row {_first_true(nul)}: column '{name}' holds a NUL character")
     if artifact.unique:
         _check_unique(out.column(artifact.unique), artifact.unique, src)
     return out
@@ -577,9 +587,14 @@ def iter_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """Yield ``(row, object)`` from a ``.jsonl`` or ``.jsonl.gz`` file, skipping blank lines."""
     opener = gzip.open if path.suffix == ".gz" else open
     try:
-        with opener(path, "rt", encoding="utf-8") as fh:
+        with opener(path, "rb") as fh:  # bytes, decoded line by line: invalid UTF-8 is named by its line
             row = 0
-            for lineno, line in enumerate(fh, start=1):
+            for lineno, raw in enumerate(fh, start=1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as err:
+                    raise ZsearchError(f"{path}: line {lineno}: not valid UTF-8 (byte {err.start + 1} of the line: "
+                                       f"{err.reason})") from None
                 if not line.strip():
                     continue
                 try:
@@ -629,6 +644,10 @@ def rows_to_table(rows: list[dict[str, Any]], artifact: Artifact, source: Path) 
                 v = json.dumps(v, ensure_ascii=False, sort_keys=True)
             if v is not None and not _fits(v, fld.type):
                 raise ZsearchError(f"{source}: row {i}: column '{fld.name}' must be {_describe(fld.type)}, got {_got(v)}")
+            for text in (v if isinstance(v, list) else [v]):  # what a tokenizer (and pyarrow) cannot take
+                problem = text_problem(text) if isinstance(text, str) else None
+                if problem:
+                    raise ZsearchError(f"{source}: row {i}: column '{fld.name}' {problem}")
             values.append(v)
         if all(v is None for v in values) and fld.name not in artifact.optional and fld.name not in rows[0]:
             raise ZsearchError(f"{source}: missing column '{fld.name}' (a {artifact.name} table needs it)")

@@ -11,6 +11,7 @@ import math
 from typing import Any
 
 from zsearch_cli import http_json
+from zsearch_cli.text_check import text_problem
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.rollout.trajectory import Trajectory
 from zsearch_cli.search.base import SearchBackendError
@@ -70,13 +71,16 @@ def _number(data: dict, key: str, default: float, lo: float, hi: float, lo_open:
 
 def _content(message: dict, i: int) -> str:
     content = message.get("content")
-    if isinstance(content, str):
-        return content
     if isinstance(content, list):  # [{"type": "text", "text": "..."}, ...]
-        if all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
-            return "".join(p["text"] for p in content)
-        raise RequestError(400, f"'messages'[{i}].content: only text parts are supported", "messages")
-    raise RequestError(400, f"'messages'[{i}].content must be a string or a list of text parts", "messages")
+        if not all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+            raise RequestError(400, f"'messages'[{i}].content: only text parts are supported", "messages")
+        content = "".join(p["text"] for p in content)
+    if not isinstance(content, str):
+        raise RequestError(400, f"'messages'[{i}].content must be a string or a list of text parts", "messages")
+    problem = text_problem(content)  # a lone surrogate would fail the tokenizer: 500 and a traceback
+    if problem:
+        raise RequestError(400, f"'messages'[{i}].content {problem}: send valid Unicode text", "messages")
+    return content
 
 
 def parse_request(body: bytes, model_names: tuple[str, ...], defaults: Job) -> Job:

@@ -14,7 +14,6 @@ temp folder beside ``--out`` and renamed, so a killed export leaves no half fold
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 from zsearch_cli.config.commands import ExportOptions
 from zsearch_cli.config.fields import choices_of
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.files import mkdtemp_like_mkdir, umask_mode
+from zsearch_cli.files import new_folder_beside, swap_in, umask_mode
 
 EXPORT_FILE = "zsearch_export.json"
 DTYPES = choices_of(ExportOptions, "dtype")
@@ -237,7 +236,7 @@ def export(source: Path, out: Path, *, merge_lora: bool = False, dtype: str = "a
              "folder, or export with --merge-lora")
     written = dtype
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = mkdtemp_like_mkdir(prefix=f".{out.name}.tmp-", dir=out.parent)
+    tmp = new_folder_beside(out, note)  # the folder rule (files.py); a dead export's leftovers go first
     try:
         if adapter and not merge_lora:
             written = dtype if dtype != "auto" else "as trained"
@@ -261,9 +260,7 @@ def export(source: Path, out: Path, *, merge_lora: bool = False, dtype: str = "a
         (tmp / "README.md").write_text(model_card(info, eval_rows(run, eval_dir), out.name))
         for f in tmp.iterdir():  # transformers writes the weights 0600: an export is meant to be shared
             f.chmod(umask_mode(0o666))
-        if out.exists():
-            shutil.rmtree(out) if out.is_dir() else out.unlink()
-        os.rename(tmp, out)
+        swap_in(tmp, out)  # the old export moved aside, the new one renamed in, the old removed
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out

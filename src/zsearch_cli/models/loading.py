@@ -356,15 +356,13 @@ def merged_lora_dir(path: str) -> str:
     target = Path(path) / "merged"
     if not _folder_is_complete(target):
         model, tokenizer = _load_lora_merged(path, "cpu", "float32", False)
-        tmp = mkdtemp_like_mkdir(prefix=".merged.tmp-", dir=path)
-        try:
+        from zsearch_cli.files import replace_folder
+
+        def write(tmp: Path) -> None:
             model.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
-            if target.exists():
-                shutil.rmtree(target)
-            os.rename(tmp, target)
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
+
+        replace_folder(target, write)  # the folder rule (files.py): an incomplete one is replaced
     return str(target)
 
 

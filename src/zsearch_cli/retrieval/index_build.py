@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -131,51 +129,6 @@ def _check_target(out: Path) -> None:
         raise ZsearchError(f"{out}: exists and is not a zsearch index; refusing to overwrite it")
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    except (OverflowError, ValueError):
-        return False
-    return True
-
-
-def _clean_stale_temps(out: Path) -> None:
-    """Remove temp folders of builds into ``out`` that were killed: their names carry the
-    owner's pid (``.NAME.PID.xxxx.tmp``, ``.NAME.old-PID-ns``) and that pid is gone.
-    A live owner (a concurrent build) keeps its folder; names without a pid are left alone."""
-    prefix = f".{out.name}."
-    if not out.parent.is_dir():
-        return
-    for path in out.parent.iterdir():
-        name = path.name
-        if not name.startswith(prefix) or not path.is_dir():
-            continue
-        rest = name[len(prefix):]
-        if rest.endswith(".tmp"):
-            pid_text = rest.split(".", 1)[0]
-        elif rest.startswith("old-"):
-            pid_text = rest[4:].split("-", 1)[0]
-        else:
-            continue
-        if pid_text.isdigit() and not _pid_alive(int(pid_text)):
-            shutil.rmtree(path, ignore_errors=True)
-
-
-def _swap_in(tmp: Path, out: Path) -> None:
-    """Rename the finished build over ``out`` (the old index, if any, is removed after)."""
-    old = None
-    if out.exists():
-        old = out.with_name(f".{out.name}.old-{os.getpid()}-{time.monotonic_ns()}")
-        os.rename(out, old)
-    os.rename(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def build_index(corpus: Path | None, out: Path, options: dict) -> Path:
     """Build the index kinds in ``options['kind']`` over ``corpus`` into directory ``out``.
 
@@ -199,12 +152,9 @@ def build_index(corpus: Path | None, out: Path, options: dict) -> Path:
         resolve_encoder(opts["encoder"])
         check_faiss_type(opts["faiss_type"].strip())
         pick_device(opts["device"])
-    from zsearch_cli.files import mkdtemp_like_mkdir
+    from zsearch_cli.files import new_folder_beside, swap_in
 
-    _clean_stale_temps(out)
-    # The owner's pid is in the name, so a later build can tell a killed build's leftovers
-    # from a concurrent live one.
-    tmp = mkdtemp_like_mkdir(prefix=f".{out.name}.{os.getpid()}.", suffix=".tmp", dir=out.parent)  # mode as mkdir gives
+    tmp = new_folder_beside(out)  # the folder rule (files.py): beside, aside, in, removed; stale temps cleaned
     try:
         from zsearch_cli.progress import heartbeat
 
@@ -235,7 +185,7 @@ def build_index(corpus: Path | None, out: Path, options: dict) -> Path:
             seal_part(tmp / kind, fingerprint, n_docs)
         with open(tmp / MANIFEST, "w", encoding="utf-8") as fh:
             json.dump(manifest, fh, indent=2)
-        _swap_in(tmp, out)
+        swap_in(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

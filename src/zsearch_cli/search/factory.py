@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from zsearch_cli.errors import ZsearchError, shown_kind, shown_name, shown_spec
+from zsearch_cli.errors import ZsearchError, shown_kind, shown_name
 
 INDEX_METHODS = ("bm25", "dense", "hybrid", "auto", "index")
 

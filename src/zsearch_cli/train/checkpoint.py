@@ -60,7 +60,6 @@ import os
 import random
 import re
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Collection
@@ -155,20 +154,13 @@ def set_rng_state(json_part: dict[str, Any], torch_part: dict[str, Any]) -> None
 def atomic_dir(target: Path, write: Any) -> Path:
     """Call ``write(tmp_dir)``, write its :data:`MANIFEST` last, then rename ``tmp_dir`` to
     ``target`` (replacing it). The folder gets the mode a ``mkdir`` would (the umask's)."""
-    from zsearch_cli.files import umask_mode
+    from zsearch_cli.files import replace_folder
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
+    def write_all(tmp: Path) -> None:
         write(tmp)
         write_manifest(tmp)
-        tmp.chmod(umask_mode(0o777))
-        if target.exists():
-            shutil.rmtree(target)
-        os.rename(tmp, target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return target
+
+    return replace_folder(target, write_all)  # the folder rule (files.py)
 
 
 # ---------------------------------------------------------------- distributed state

@@ -123,8 +123,10 @@ def report(out: Path, wall_s: float) -> dict[str, Any]:
         f"training reward rises by >= {REWARD_RISE}": s["reward_last"] - s["reward_first"] >= REWARD_RISE,
         "greedy EM on the trained questions rises": s["em_trained_after"] > s["em_trained_before"],
         "held-out EM falls by at most one question": s["em_heldout_after"] >= s["em_heldout_before"] - 1 / heldout_n - 1e-9,
-        f"wall time <= {WALL_LIMIT_S / 60:.0f} min": wall_s <= WALL_LIMIT_S,
     }
+    # The wall time is reported, never a goal: a recipe passes or fails on what it learns, and a
+    # slower machine than the one that set the budget is no failure (issue 36.11).
+    s["within_time_budget"] = wall_s <= WALL_LIMIT_S
     for key in ("kl_ref_last", "kl_ref_last_median"):  # no reference (beta 0): null, not NaN, in the JSON
         if s[key] != s[key]:
             s[key] = None
@@ -145,6 +147,9 @@ def table(s: dict[str, Any]) -> str:
              f"| KL to the reference, the last {WINDOW} steps: mean (median) | 0 | {kl} |",
              "", f"{s['steps']} steps, training {s['train_s'] / 60:.1f} min, the whole recipe {s['wall_s'] / 60:.1f} min.", ""]
     lines += [f"- [{'x' if ok else ' '}] {goal}" for goal, ok in s["goals"].items()]
+    budget = "within" if s.get("within_time_budget", True) else "over"
+    lines.append(f"- wall time {s['wall_s'] / 60:.1f} min, {budget} the {WALL_LIMIT_S / 60:.0f}-minute budget of the "
+                 "reference machine (reported, not a goal)")
     return "\n".join(lines)
 
 
