@@ -645,7 +645,9 @@ def rows_to_table(rows: list[dict[str, Any]], artifact: Artifact, source: Path) 
             if v is not None and not _fits(v, fld.type):
                 raise ZsearchError(f"{source}: row {i}: column '{fld.name}' must be {_describe(fld.type)}, got {_got(v)}")
             for text in (v if isinstance(v, list) else [v]):  # what a tokenizer (and pyarrow) cannot take
-                problem = text_problem(text) if isinstance(text, str) else None
+                # a lone surrogate anywhere (pyarrow cannot encode it); a NUL in the columns that reach
+                # a tokenizer (model output written back, e.g. a trajectory, may hold one)
+                problem = text_problem(text, nul=fld.name in artifact.text) if isinstance(text, str) else None
                 if problem:
                     raise ZsearchError(f"{source}: row {i}: column '{fld.name}' {problem}")
             values.append(v)

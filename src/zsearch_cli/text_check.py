@@ -13,12 +13,13 @@ from __future__ import annotations
 import re
 
 _BAD = re.compile("[\ud800-\udfff\x00]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-def text_problem(text: str) -> str | None:
+def text_problem(text: str, nul: bool = True) -> str | None:
     """What is wrong with ``text`` for a tokenizer, or None: e.g. "holds a lone surrogate
-    (U+D800) at character 12"."""
-    found = _BAD.search(text)
+    (U+D800) at character 12". ``nul``: a NUL counts too."""
+    found = (_BAD if nul else _SURROGATE).search(text)
     if found is None:
         return None
     char = found.group()

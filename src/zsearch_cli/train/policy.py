@@ -104,6 +104,12 @@ def use_attention(model: Any, choice: str) -> None:
         raise ZsearchError(f"--attn-implementation {choice}: {first}") from None
 
 
+def attention_of(cfg: Any) -> str:
+    """``--attn-implementation`` of an RL config; sdpa for a config without it (``zsearch sft``)."""
+    batch = getattr(cfg, "batch", None)
+    return getattr(batch, "attn_implementation", "sdpa")
+
+
 def load_policy(cfg: TrainConfig, device: str, dtype: str, resume_dir: Path | None = None) -> tuple[Any, Any]:
     """(policy, tokenizer), in train mode. From ``resume_dir`` when resuming: a full model
     folder, or (LoRA) the base from ``cfg.policy.model`` plus the saved adapter."""
@@ -111,7 +117,7 @@ def load_policy(cfg: TrainConfig, device: str, dtype: str, resume_dir: Path | No
         model, tokenizer = load_model(str(resume_dir), device=device, dtype=dtype, trainable=True)
     else:
         model, tokenizer = load_model(cfg.policy.model, device=device, dtype=dtype, trainable=True)
-    use_attention(model, cfg.batch.attn_implementation)
+    use_attention(model, attention_of(cfg))
     if cfg.optim.lora_r > 0:
         from peft import PeftModel, get_peft_model
 
@@ -138,7 +144,7 @@ def load_reference(cfg: TrainConfig, policy: Any, device: str, dtype: str, neede
     if is_peft(policy):
         return policy
     model, _ = load_model(cfg.policy.model, device=device, dtype=dtype, trainable=False)
-    use_attention(model, cfg.batch.attn_implementation)
+    use_attention(model, attention_of(cfg))
     return model
 
 
@@ -190,7 +196,7 @@ def load_critic(cfg: TrainConfig, device: str, dtype: str, resume_dir: Path | No
         backbone = AutoModel.from_pretrained(path, dtype=resolve_dtype(dtype, dev), weights_only=True)
     except (OSError, ValueError) as err:
         raise ZsearchError(f"--critic-model {source}: cannot load ({err})") from None
-    use_attention(backbone, cfg.batch.attn_implementation)
+    use_attention(backbone, attention_of(cfg))
     if cfg.optim.lora_r > 0:
         from peft import get_peft_model
 
