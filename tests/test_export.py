@@ -226,3 +226,15 @@ def test_portable_base_names_never_an_absolute_path(tmp_path, tiny_model_dir):
     assert adapter_base(adapter) == "org/name"  # the local folder is gone: the hub id it came from
     (adapter / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": str(snapshot)}))
     assert adapter_base(adapter) == str(snapshot)  # here it still is: this machine's copy
+
+
+def test_export_eval_of_another_model_is_refused(lora_run, tmp_path, demo_index, tiny_model_dir):
+    # issue 36.10: `export --eval DIR` copied any eval's numbers into the card, another model's too.
+    # An eval of the tiny base model is not an eval of the run's trained adapter.
+    _ok(["eval", "--model", tiny_model_dir, "--limit", "1", "--index", demo_index, "--out", tmp_path / "other",
+         "--max-turn-tokens", "4", "--max-turns", "1", "--device", "cpu"])
+    result = runner.invoke(app, [str(a) for a in ["export", lora_run, "--out", tmp_path / "card", "--eval",
+                                                  tmp_path / "other"]])
+    assert result.exit_code == 2, result.output
+    assert "are of" in result.output and "not of the exported weights" in result.output
+    assert "evaluate" in result.output and not (tmp_path / "card").exists()

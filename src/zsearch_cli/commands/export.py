@@ -107,6 +107,27 @@ def eval_rows(*folders: Path | None) -> list[dict[str, Any]]:
     return rows
 
 
+def same_model_rows(eval_dir: Path | None, src: Path) -> list[dict[str, Any]]:
+    """The ``--eval DIR`` rows, each checked to be of the exported weights: an eval of another
+    model would put its numbers in this model's card. The check compares fingerprints
+    (protocol.model_identity): the adapter's for a LoRA source, the weights' otherwise."""
+    from zsearch_cli.protocol import model_identity
+
+    rows = eval_rows(eval_dir)
+    if not rows:
+        return rows
+    _, revision, adapter = model_identity(str(src))
+    own = adapter.rpartition("@")[2] if adapter else revision
+    for row in rows:
+        theirs = str(row["adapter"]).rpartition("@")[2] if row.get("adapter") else row.get("model_revision")
+        if own is None or theirs != own:
+            raise ZsearchError(
+                f"--eval {eval_dir}: its results ({row.get('dataset')}) are of {row.get('model')!r} "
+                f"({theirs or 'no fingerprint'}), not of the exported weights {src} ({own or 'no fingerprint'}); "
+                f"evaluate {src} itself (`zsearch eval --model {src}`) or export without --eval")
+    return rows
+
+
 def _stored_dtype(folder: str | Path) -> str:
     try:
         data = json.loads((Path(folder) / "config.json").read_text())
@@ -226,6 +247,7 @@ def export(source: Path, out: Path, *, merge_lora: bool = False, dtype: str = "a
         raise ZsearchError(f"--out {out}: is (or holds) the source {source}; choose another folder")
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise ZsearchError(f"--out {out}: exists and is not empty; pass --force to replace it")
+    evaluated = same_model_rows(eval_dir, src)  # before any weights load: another model's numbers are refused
     note(line)
     config, step, protocol = run_info(src, kind, run)
     base = base_of(src, config)
@@ -257,7 +279,7 @@ def export(source: Path, out: Path, *, merge_lora: bool = False, dtype: str = "a
                 "method": (f"lora r={config.get('lora_r')}" if adapter else "full") + (" merged" if adapter and merge_lora else ""),
                 "protocol": protocol, "config": config}
         (tmp / EXPORT_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
-        (tmp / "README.md").write_text(model_card(info, eval_rows(run, eval_dir), out.name))
+        (tmp / "README.md").write_text(model_card(info, eval_rows(run) + evaluated, out.name))
         for f in tmp.iterdir():  # transformers writes the weights 0600: an export is meant to be shared
             f.chmod(umask_mode(0o666))
         swap_in(tmp, out)  # the old export moved aside, the new one renamed in, the old removed
