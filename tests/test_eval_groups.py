@@ -94,6 +94,8 @@ def test_predictions_joined_with_a_merged_file_are_scored_per_data_source(tmp_pa
     assert result.exit_code == 0, result.output
     whole = read_artifact(tmp_path / "out3/preds.jsonl/predictions.summary.parquet", EVAL_SUMMARY).to_pylist()[0]
     assert whole["n"] == 3
+    # ... and a line says the one number pools several benchmarks (it printed none: issue 36.11)
+    assert "preds.jsonl: holds 2 data_source values (nq, hotpotqa), scored as ONE pooled number" in result.output
 
 
 def test_agent_eval_of_a_merged_file_scores_each_benchmark(tmp_path, monkeypatch, demo_index, tiny_model_dir):

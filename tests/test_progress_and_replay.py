@@ -191,6 +191,8 @@ def test_config_yaml_replays_the_run(tmp_path, tiny_model_dir, demo_index):
     recorded = yaml.safe_load((run1 / "config.yaml").read_text())
     header = (run1 / "config.yaml").read_text().splitlines()[:3]
     assert header[0].startswith("# zsearch ") and "--algo-arg scale_std=false" in header[2]
+    # the replay the header suggests is the one run below (it suggested no --out, which is refused)
+    assert header[1] == f"#   zsearch train --config {run1 / 'config.yaml'} --out NEW_FOLDER"
     assert recorded["algo_arg"] == ["scale_std=false"] and "algo_args" not in recorded
     assert recorded["out"] == str(run1) and recorded["index_dir"] == str(demo_index) and recorded["steps"] == 2
     assert "config" not in recorded and "print_config" not in recorded

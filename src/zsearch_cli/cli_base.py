@@ -285,8 +285,10 @@ def write_run_config(out: Path, body: str, command: str) -> Optional[RunConfigRe
     try:
         out.mkdir(parents=True, exist_ok=True)
         previous = path.read_text(encoding="utf-8") if path.is_file() else None
-        header = (f"# zsearch {__version__}: the resolved options of this run; rerun it with\n"
-                  f"#   zsearch {command} --config {path}\n"
+        # the recorded --out is this folder, which a fresh run refuses once it holds results: a
+        # replay names a new one (issue 36.11)
+        header = (f"# zsearch {__version__}: the resolved options of this run; replay it into a new folder with\n"
+                  f"#   zsearch {command} --config {path} --out NEW_FOLDER\n"
                   f"# command line: {redact(shlex.join(['zsearch', *ARGV]))}\n")
         tmp = out / f".{RUN_CONFIG}.{os.getpid()}.tmp"
         tmp.write_text(header + body, encoding="utf-8")

@@ -61,21 +61,27 @@ def score_predictions(path: Path, qa_path: Path | None, out: Path, config: dict[
     key = dataset_key(path, None)[0]
     golds: dict[str, list[str]] = {}
     questions: dict[str, str] = {}
-    labels: dict[str, str | None] = {}
-    if qa_path is not None:
-        qa = load_qa(qa_path)
+    qa = load_qa(qa_path) if qa_path is not None else None
+    if qa is not None:
         ids = qa.column("id").to_pylist()
         golds = dict(zip(ids, qa.column("golden_answers").to_pylist()))
         questions = dict(zip(ids, qa.column("question").to_pylist()))
-        labels = dict(zip(ids, group_labels(qa_path, qa, group_by)))
-    elif group_by != NO_GROUPING:
-        raw = read_parquet(path) if file_kind(path) == "parquet" else None
-        if raw is not None and group_by in raw.column_names:
-            labels = dict(zip(preds.column("id").to_pylist(), [None if v in (None, "") else str(v)
-                                                               for v in raw.column(group_by).to_pylist()]))
-        elif raw is None:
-            labels = dict(zip(preds.column("id").to_pylist(),  # in file order, as the ids (maybe source-keyed)
-                              [None if o.get(group_by) in (None, "") else str(o.get(group_by)) for _, o in iter_jsonl(path)]))
+
+    def labels_by(column: str) -> dict[str, str | None]:
+        """id -> the value of ``column``: the QA file's when given, else the predictions file's own."""
+        if qa is not None:
+            return dict(zip(qa.column("id").to_pylist(), group_labels(qa_path, qa, column)))
+        if file_kind(path) == "parquet":
+            raw = read_parquet(path)
+            if column not in raw.column_names:
+                return {}
+            values = raw.column(column).to_pylist()
+        else:
+            values = [o.get(column) for _, o in iter_jsonl(path)]
+        # in file order, as the ids (maybe source-keyed)
+        return dict(zip(preds.column("id").to_pylist(), [None if v in (None, "") else str(v) for v in values]))
+
+    labels = labels_by(group_by) if group_by != NO_GROUPING else {}
 
     def row(id_: str, prediction: str | None, gold: list[str]) -> dict[str, Any]:
         s = score_answer(prediction, gold)
@@ -100,6 +106,12 @@ def score_predictions(path: Path, qa_path: Path | None, out: Path, config: dict[
     if groups:
         console.print(f"{key}: {len(groups)} datasets by {group_by} ({', '.join(g for g, _ in groups)}), each scored "
                       "on its own", markup=False, highlight=False)
+    elif group_by == NO_GROUPING:  # say that one number pools several benchmarks, as `eval --datasets` does
+        sources = labels_by("data_source")
+        mixed = split_groups(table, [sources.get(r["id"]) for r in rows])
+        if mixed:
+            console.print(f"{key}: holds {len(mixed)} data_source values ({', '.join(g for g, _ in mixed)}), scored "
+                          "as ONE pooled number (--group-by none)", markup=False, highlight=False)
     summaries, protocols = [], []
     for name, examples in parts:
         missing = sum(1 for id_ in examples.column("id").to_pylist() if id_ not in predicted)
