@@ -197,7 +197,7 @@ def test_full_run_exports_and_refuses_what_it_should(tmp_path, tiny_model_dir, d
     assert again.exit_code == 2 and "exists and is not empty; pass --force" in again.output
     _ok(["export", out2, "--out", tmp_path / "f", "--force", "--dtype", "float16"])
     assert AutoModelForCausalLM.from_pretrained(tmp_path / "f").dtype == torch.float16
-    assert not list(tmp_path.glob(".f.tmp-*"))  # the temp folder is gone
+    assert not list(tmp_path.glob(".f.*"))  # the temp folder and the old export moved aside are gone
     # shareable: every file with the mode open() gives (transformers writes its weights 0600)
     from zsearch_cli.files import umask_mode
 
@@ -205,6 +205,17 @@ def test_full_run_exports_and_refuses_what_it_should(tmp_path, tiny_model_dir, d
         p.name: oct(umask_mode(0o666)) for p in (tmp_path / "f").iterdir()}
     bad = runner.invoke(app, ["export", str(out2), "--out", str(out2)])
     assert bad.exit_code == 2 and "is (or holds) the source" in bad.output
+
+    # A run whose checkpoints are all damaged (here cut short): the damage is named (issue 36.3;
+    # it said "not a run, checkpoint or model folder")
+    for step in (1, 2):
+        weights = out2 / "checkpoints" / f"step-{step}" / "model.safetensors"
+        with open(weights, "r+b") as fh:
+            fh.truncate(weights.stat().st_size // 2)
+    bad = runner.invoke(app, ["export", str(out2), "--out", str(tmp_path / "g")])
+    text = " ".join(bad.output.split())
+    assert bad.exit_code == 2 and "no complete checkpoint" in text and "step-2, is damaged" in text, text
+    assert "model.safetensors" in text and "not a run" not in text
 
 
 def test_portable_base_names_never_an_absolute_path(tmp_path, tiny_model_dir):

@@ -35,7 +35,7 @@ def _is_model(path: Path) -> bool:
 
 def find_source(path: Path) -> tuple[Path, str, Path | None, str]:
     """(model folder, ``final`` | ``checkpoint``, its run folder or None, one line saying which)."""
-    from zsearch_cli.train.checkpoint import STATE_FILE, checkpoint_problem, checkpoints
+    from zsearch_cli.train.checkpoint import STATE_FILE, _step_dirs, checkpoint_problem, checkpoints
 
     if not path.is_dir():
         raise ZsearchError(f"{path}: no such folder (give a run, checkpoint or final folder)")
@@ -45,6 +45,11 @@ def find_source(path: Path) -> tuple[Path, str, Path | None, str]:
     if found:
         step_dir = found[-1][1]
         return step_dir, "checkpoint", path, f"{path} has no final/: exporting its newest checkpoint, {step_dir.name}"
+    damaged = _step_dirs(path)
+    if damaged:  # a run whose checkpoints are all damaged: name the newest one's damage, not "not a run"
+        step_dir = damaged[-1][1]
+        raise ZsearchError(f"{path}: has no final/ and no complete checkpoint; the newest, {step_dir}, is damaged: "
+                           f"{checkpoint_problem(step_dir)}")
     if (path / STATE_FILE).is_file():
         problem = checkpoint_problem(path)
         if problem:
