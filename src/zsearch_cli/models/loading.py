@@ -160,6 +160,27 @@ def resolve_model_path(name: str) -> str:
     return name
 
 
+def check_model_early(name: str, flag: str = "--model") -> None:
+    """Before anything heavy (torch, transformers, the data): a missing folder, a folder that
+    is no model, or a cut weights file is one line naming it, the command's first and only
+    (issue 36.7). Aliases are built on first use and hub ids are checked by the loader."""
+    if name in ALIASES:
+        return
+    path = Path(name).expanduser()
+    if not path.exists():
+        if name.startswith(("/", "./", "../", "~")) or name.count("/") > 1:
+            raise ZsearchError(f"{flag} {name}: no such model folder")
+        return  # a hub id
+    if not path.is_dir():
+        raise ZsearchError(f"{flag} {name}: a model must be a folder (config.json + safetensors), not a file")
+    if not (path / "config.json").is_file() and not (path / "adapter_config.json").is_file():
+        raise ZsearchError(f"{flag} {name}: no config.json (nor adapter_config.json): not a model folder")
+    for weights in sorted(path.glob("*.safetensors")):
+        problem = safetensors_problem(weights)
+        if problem:
+            raise ZsearchError(f"{flag} {path}: {problem}; copy or write the model again")
+
+
 def loadable_model_path(name: str) -> str:
     """:func:`resolve_model_path`, and for a hub id the check that it can load at all
     (:func:`check_hub_id`): what every loader calls before transformers or vLLM."""
