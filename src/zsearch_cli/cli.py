@@ -99,14 +99,10 @@ def serve(ctx: typer.Context, given: dict) -> None:
 @command(EvalOptions, name="eval")
 def eval_(ctx: typer.Context, given: dict) -> None:
     """Evaluate a model (EM, F1, subEM) per dataset, or score a predictions file."""
-    from zsearch_cli.models.loading import check_model_early
-
-    opts, options = build(EvalOptions, given), resolved_options(ctx)
-    if opts.predictions is None:
-        check_model_early(opts.policy.model)  # before torch loads: the first and only line
     from zsearch_cli.commands.eval_predictions import score_predictions
     from zsearch_cli.commands.evaluate import evaluate
 
+    opts, options = build(EvalOptions, given), resolved_options(ctx)
     if opts.predictions is not None:
         score_predictions(opts.predictions, opts.qa, opts.out, options, opts.data.group_by, opts.pooled)
     else:

@@ -23,16 +23,12 @@ from zsearch_cli.train.sft_config import SFTConfig, SimSFTOptions
 @command(TrainConfig, name="train")
 def train(ctx: typer.Context, given: dict) -> None:
     """RL-train a search agent: rollout, reward, (filter), advantages, update; one loop for every --algo."""
-    from zsearch_cli.models.loading import check_model_early
-
-    cfg = TrainConfig.from_preset(given.get("preset"), **given)
-    check_model_early(cfg.policy.model)  # before torch loads: a missing or cut model is the first and only line
     from transformers.utils import logging as hf_logging
 
     from zsearch_cli.train.trainer import run_training
 
     hf_logging.disable_progress_bar()  # the CLI shows its own progress; no per-load tqdm bars
-    run_training(cfg)
+    run_training(TrainConfig.from_preset(given.get("preset"), **given))
 
 
 @command(PlotOptions, name="plot", config_file=False)

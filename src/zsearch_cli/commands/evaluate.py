@@ -110,6 +110,9 @@ def evaluate(opts: EvalOptions, config: dict[str, Any]) -> list[dict[str, Any]]:
     for d, qa in qa_tables:  # the matching audit, and each probe's rows of an earlier run
         for existing, protocol in plan.prepare(opts.out, d.key, protocols[d.key], qa.column("id").to_pylist()):
             check_reusable(existing, config, protocol)
+    from zsearch_cli.models.loading import check_model_early
+
+    check_model_early(opts.policy.model)  # the files, after the cheap checks, before the loading line (issue 36.7)
     with heartbeat("eval", f"loading {opts.policy.model}"):
         engine, search = _build_engine(opts)
     summaries = []

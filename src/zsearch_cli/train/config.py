@@ -199,6 +199,15 @@ def resolved_dict(cfg: TrainConfig, num_processes: int = 1) -> dict[str, Any]:
     return out
 
 
+def check_processes(cfg: "TrainConfig", num_processes: int) -> None:
+    """The refusals that need only the number of processes: run before any model loads (with
+    the launch's ``WORLD_SIZE``) and again with the accelerator's count."""
+    check_even_shards(cfg.batch_size, num_processes)
+    if cfg.rollout_overlap and num_processes > 1:
+        raise ZsearchError("--rollout-overlap runs on one process for now (the rollout thread would issue "
+                           "collectives beside training's); use --rollout-overlap 0 under accelerate launch")
+
+
 def check_even_shards(batch_size: int, num_processes: int) -> None:
     """Refuse a batch that the processes cannot share equally, before any model loads.
 

@@ -42,7 +42,7 @@ from zsearch_cli.train.checkpoint import (atomic_dir, check_resumable,
                                           save_checkpoint, TrainingState)
 from zsearch_cli.train.step_samples import BatchRewardFn, RewardFn, Sample, sample_step
 from zsearch_cli.config.fields import execution_options
-from zsearch_cli.train.config import (TrainConfig, check_config, check_even_shards, get_spec, resolve_config, resolved_dict,
+from zsearch_cli.train.config import (TrainConfig, check_config, check_processes, get_spec, resolve_config, resolved_dict,
                                      search_options, with_later_options)
 from zsearch_cli.train.sampler import PromptSampler, load_rows
 from zsearch_cli.train.metrics import (MetricsLog, average_over_processes, check_logp_mismatch, console_line,
@@ -184,10 +184,7 @@ class Trainer:
         except (ImportError, ValueError, RuntimeError) as err:  # e.g. an accelerate config this machine cannot run
             raise ZsearchError(f"accelerate: {err}") from None
         check_sharded_saving(acc)
-        check_even_shards(self.cfg.batch_size, acc.num_processes)
-        if self.cfg.rollout_overlap and acc.num_processes > 1:
-            raise ZsearchError("--rollout-overlap runs on one process for now (the rollout thread would issue "
-                               "collectives beside training's); use --rollout-overlap 0 under accelerate launch")
+        check_processes(self.cfg, acc.num_processes)
         if distribution(acc) != "replicated" and self.cfg.batch.logits_chunk:
             raise ZsearchError(f"--logits-chunk {self.cfg.batch.logits_chunk} under {distribution(acc)}: the chunked LM "
                                "head reads the head's whole weight, which FSDP/ZeRO-3 shard outside the forward; leave "
@@ -478,7 +475,13 @@ class Trainer:
 def run_training(cfg: TrainConfig, stop: Any = None, **kwargs: Any) -> Path:
     """Library entry point behind ``zsearch train``: build a Trainer and train it (``stop``:
     see :class:`Trainer`)."""
+    from zsearch_cli.models.loading import check_model_early
+
     main = os.environ.get("RANK", "0") == "0"  # under accelerate launch: one process prints
+    # the cheap refusals first, then the model's files, all before the loading line (issue 36.7)
+    check_config(cfg)
+    check_processes(cfg, int(os.environ.get("WORLD_SIZE", "1")))
+    check_model_early(cfg.policy.model)
     with heartbeat("train", f"loading {cfg.policy.model} and the data", enabled=None if main else False):
         trainer = Trainer(cfg, **kwargs)
     trainer.stop = stop if stop is not None else active_stop()  # zsearch train / solve install one
