@@ -253,3 +253,33 @@ def test_the_guard_state_is_checkpointed_and_resumed(tmp_path, tiny_model_dir, d
     # Fails if the resume started a fresh guard (empty baseline): it would not see a collapse
     # for another warm-up.
     assert resumed.start_step == 6 and resumed.stability.guard.state_dict() == saved
+
+
+@pytest.mark.parametrize("save_every", [1, 0])
+def test_a_failure_mid_run_names_its_step_and_how_to_go_on(tmp_path, tiny_model_dir, demo_index, save_every):
+    # issue 36.11: an error in step 2 of 3 (here the reward's judge failing, through the
+    # library's reward_fn hook) named no step and gave no --resume hint though step-1 was saved.
+    from zsearch_cli.errors import ZsearchError
+    from zsearch_cli.train.config import TrainConfig
+    from zsearch_cli.train.trainer import run_training
+
+    calls = []
+
+    def judge(trajectory):
+        calls.append(1)
+        if len(calls) > 2:  # B 1 x G 2: the first step's two samples are judged, the third call fails
+            raise ZsearchError("judge http://127.0.0.1:9/v1: connection refused")
+        return 0.5 * len(calls)
+
+    out = tmp_path / "run"
+    cfg = TrainConfig.from_flat(algo="grpo", model=str(tiny_model_dir), index=demo_index, out=out, steps=3,
+                                batch_size=1, group_size=2, device="cpu", max_turn_tokens=4, max_turns=1,
+                                save_every=save_every, guard=False)
+    with pytest.raises(ZsearchError) as err:
+        run_training(cfg, reward_fn=judge)
+    text = str(err.value)
+    assert text.startswith("judge http://127.0.0.1:9/v1: connection refused (in step 2/3; ")
+    if save_every:
+        assert f"the newest checkpoint is {out / 'checkpoints' / 'step-1'}: rerun the same command with --resume" in text
+    else:
+        assert "no checkpoint to resume from (--save-every N writes them)" in text

@@ -452,7 +452,12 @@ class Trainer:
             while step < cfg.steps:
                 stop_between_steps(self, step)
                 step += 1
-                row = self.train_step(step)
+                try:
+                    row = self.train_step(step)
+                except ZsearchError as err:  # e.g. the retriever died: say which step, and how to go on
+                    err.args = (f"{err.args[0] if err.args else err} (in step {step}/{cfg.steps}; "
+                                f"{self._resume_hint()})",)
+                    raise
                 self._phase("")
                 lines.advance(1, reward=row["rollout/reward_mean"])
                 bar.update(task, advance=1, reward=f"{row['rollout/reward_mean']:.3f}", sps=f"{row['time/step']:.1f}")
@@ -467,6 +472,16 @@ class Trainer:
                 if cfg.run.save_every and step % cfg.run.save_every == 0:
                     self.checkpoint(step)
         self.lines = None
+
+    def _resume_hint(self) -> str:
+        """What a run stopped by an error can go on from (issue 36.11)."""
+        try:
+            latest = latest_checkpoint(Path(self.cfg.run.out), note=lambda _: None)
+        except ZsearchError:
+            return "no complete checkpoint to resume from"
+        if latest is None:
+            return "no checkpoint to resume from (--save-every N writes them)"
+        return f"the newest checkpoint is {latest}: rerun the same command with --resume to go on from there"
 
     def _phase(self, text: str) -> None:
         if self.lines is not None:
