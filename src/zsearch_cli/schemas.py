@@ -662,16 +662,21 @@ def rows_to_table(rows: list[dict[str, Any]], artifact: Artifact, source: Path) 
     return pa.table(data, schema=artifact.schema)
 
 
+def jsonl_rows(path: Path, artifact: Artifact) -> list[dict[str, Any]]:
+    """Every object of a jsonl file meant as ``artifact``; an empty file is an error."""
+    rows = [obj for _, obj in iter_jsonl(path)]
+    if not rows:
+        raise ZsearchError(f"{path}: file has no rows (expected a {artifact.name} table)")
+    return rows
+
+
 def read_artifact(path: str | os.PathLike, artifact: Artifact) -> pa.Table:
     """Read a Parquet or jsonl file as ``artifact``, validated."""
     path = Path(path)
     if file_kind(path) == "parquet":
         table = read_parquet(path)
     else:
-        rows = [obj for _, obj in iter_jsonl(path)]
-        if not rows:
-            raise ZsearchError(f"{path}: file has no rows (expected a {artifact.name} table)")
-        table = rows_to_table(rows, artifact, path)
+        table = rows_to_table(jsonl_rows(path, artifact), artifact, path)
     return validate(table, artifact, path)
 
 

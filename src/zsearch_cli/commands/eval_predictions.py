@@ -15,7 +15,7 @@ from zsearch_cli.data.qa import NO_GROUPING, dataset_key, group_labels, load_qa,
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.protocol import METRIC_VERSION, Protocol, file_fingerprint
 from zsearch_cli.rewards import score_answer
-from zsearch_cli.schemas import (EVAL_EXAMPLE, EVAL_SUMMARY, PREDICTIONS, file_kind, iter_jsonl,
+from zsearch_cli.schemas import (EVAL_EXAMPLE, EVAL_SUMMARY, PREDICTIONS, file_kind, iter_jsonl, jsonl_rows,
                                  read_parquet, rows_to_table, validate, write_artifact)
 from zsearch_cli.scoring import dataset_dir, summarize
 
@@ -37,10 +37,8 @@ def _read_predictions(path: Path) -> pa.Table:
     if file_kind(path) == "parquet":
         table = read_parquet(path)
     else:
-        rows = [obj for _, obj in iter_jsonl(path)]
-        if not rows:
-            raise ZsearchError(f"{path}: file has no rows (expected a predictions table)")
-        sources = [r.get("data_source") if isinstance(r, dict) else None for r in rows]
+        rows = jsonl_rows(path, PREDICTIONS)
+        sources = [r.get("data_source") for r in rows]
         table = rows_to_table(rows, PREDICTIONS, path).append_column("data_source", pa.array(
             [None if v in (None, "") else str(v) for v in sources], pa.string()))
     if "data_source" in table.column_names and "id" in table.column_names:
