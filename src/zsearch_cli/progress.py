@@ -1,7 +1,8 @@
 """Progress that reaches a log file, and stopping on SIGTERM / SIGINT.
 
 rich's progress bars draw nothing when stderr is not a terminal (``nohup``, Slurm,
-``> log 2>&1``): a long phase then looks dead. :class:`ProgressLines` prints plain lines
+``> log 2>&1``) but their last frame (so every bar is made by :func:`progress_bar`, off in
+that mode), and a long phase then looks dead. :class:`ProgressLines` prints plain lines
 instead, in that mode only: one at the start of each phase, then at most one every
 ``ZSEARCH_LOG_EVERY`` seconds (default 30) with the counts, the elapsed time, the rate and
 an ETA; a daemon thread prints ``still <phase> …`` when nothing was printed for that long
@@ -34,6 +35,16 @@ def log_mode() -> bool:
     """Whether stderr is not a terminal: rich draws no bars, plain lines are printed."""
     isatty = getattr(sys.stderr, "isatty", None)
     return not (isatty is not None and not getattr(sys.stderr, "closed", False) and isatty())
+
+
+def progress_bar(*columns: Any, disable: bool = False, **kwargs: Any) -> Any:
+    """rich's ``Progress(*columns, **kwargs)``, disabled in :func:`log_mode`: there it draws
+    no bar while running but prints its last frame when it stops, a bar line in the log
+    file (:class:`ProgressLines` prints the plain lines there). Every command's bar is made
+    here."""
+    from rich.progress import Progress
+
+    return Progress(*columns, disable=disable or log_mode(), **kwargs)
 
 
 def log_every() -> float:

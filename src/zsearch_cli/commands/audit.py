@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from zsearch_cli.audit.ceiling import EXAMPLES_FILE, SUMMARY_FILE, default_audit_dir
@@ -27,7 +27,7 @@ from zsearch_cli.scoring import dataset_dir
 from zsearch_cli.config.commands import AuditOptions
 from zsearch_cli.data.datasets import dataset_files, split_by_group
 from zsearch_cli.data.qa import load_qa
-from zsearch_cli.progress import ProgressLines, heartbeat
+from zsearch_cli.progress import ProgressLines, heartbeat, progress_bar
 from zsearch_cli.protocol import file_fingerprint
 from zsearch_cli.retrieval.settings import index_settings
 from zsearch_cli.schemas import AUDIT_EXAMPLE, AUDIT_SUMMARY, write_artifact
@@ -76,8 +76,8 @@ def run_audit(opts: AuditOptions, config: dict[str, Any]) -> list[dict[str, Any]
 def _progress(label: str, total: int) -> Iterator[Callable[[int], None]]:
     """A bar on a terminal, plain lines in a log file (progress.py); yields ``advance(n)``."""
     console = Console(stderr=True)
-    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
-                  transient=True) as bar, ProgressLines(label, total, "questions") as lines:
+    with progress_bar(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=console,
+                      transient=True) as bar, ProgressLines(label, total, "questions") as lines:
         task = bar.add_task(label, total=total)
 
         def advance(n: int) -> None:

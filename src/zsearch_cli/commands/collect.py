@@ -23,13 +23,14 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from zsearch_cli.config.fields import check_options
 from zsearch_cli.data.demo import demo_qa
 from zsearch_cli.data.qa import load_qa
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.progress import progress_bar
 from zsearch_cli.config.commands import CollectOptions
 from zsearch_cli.rewards import score_answer
 from zsearch_cli.rollout.trajectory import Trajectory
@@ -152,8 +153,8 @@ def collect(opts: CollectOptions, config: dict[str, Any]) -> dict[str, Any]:
     queries = query_rows(trajs)
     if todo:
         engine = _build_engine(opts)
-        with Progress(TextColumn("collect"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=True) as bar:
+        with progress_bar(TextColumn("collect"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=console, transient=True) as bar:
             task = bar.add_task("collect", total=todo)
             for step, start in enumerate(range(0, len(rows), opts.batch_size)):
                 batch = [r for r in rows[start : start + opts.batch_size] if r.id not in done]

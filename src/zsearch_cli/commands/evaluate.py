@@ -12,20 +12,23 @@ and a re-run skips the examples already scored, so an interrupted eval resumes.
 
 The datasets ``--datasets`` names are resolved by ``data/datasets.py`` (keys, ``--group-by``
 splits, ``--pooled``); each is written under OUT/KEY/ (:func:`dataset_dir` keeps every write
-inside ``--out``). Rows already in OUT are reused only when every option that changes a
-result and the protocol (:mod:`zsearch_cli.protocol`: model weights, corpus, retriever,
-prompt, metric, QA file) equal the saved ones; the options that may differ are those marked
+inside ``--out``). KEY/pooled is built from the rows of the datasets it pools, so no question
+is rolled out twice and a resumed eval rebuilds it from rows already written. Rows already in
+OUT are reused only when every option that changes a result and the protocol
+(:mod:`zsearch_cli.protocol`: model weights, corpus, retriever, prompt, metric, QA file)
+equal the saved ones; the options that may differ are those marked
 ``execution`` on their fields (which rows, where, how batched). Otherwise the run is refused
 in one line naming what differs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
 from zsearch_cli.commands.eval_report import console, plot_em, print_summaries
 from zsearch_cli.config.commands import EvalOptions
@@ -33,7 +36,7 @@ from zsearch_cli.config.fields import check_options, execution_options, to_flat
 from zsearch_cli.data.datasets import DatasetInput, dataset_files, split_by_group
 from zsearch_cli.data.qa import load_qa
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.progress import ProgressLines, Stopped, active_stop, heartbeat
+from zsearch_cli.progress import ProgressLines, Stopped, active_stop, heartbeat, progress_bar
 from zsearch_cli.prompts.baselines import COT_PROMPT, DIRECT_PROMPT, RAG_PROMPT
 from zsearch_cli.protocol import RESUME_FIELDS, Protocol, build_protocol, differing, file_fingerprint
 from zsearch_cli.schemas import EVAL_EXAMPLE, EVAL_SUMMARY, read_artifact, read_metadata, rows_to_table, write_artifact
@@ -92,11 +95,70 @@ def check_reusable(path: Path, config: dict[str, Any], protocol: Protocol) -> No
                            "that file to score again")
 
 
+def pooled_rows(key: str, file_qa: Any, members: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """KEY/pooled's rows: its members' rows (each question of the file once, as its own
+    dataset scored it), relabelled ``key``, in the file's order. Their means are the whole
+    file's, and no question is rolled out a second time (issue 36.11)."""
+    order = {id_: i for i, id_ in enumerate(file_qa.column("id").to_pylist())}
+    return sorted(({**row, "dataset": key} for rows in members for row in rows), key=lambda row: order[row["id"]])
+
+
+def _roll_out(opts: EvalOptions, config: dict[str, Any], engine: Any, name: str, method: str, label: str,
+              qa: Any, out_examples: Path, record: dict[str, Any]) -> list[dict[str, Any]]:
+    """Score every question of ``qa`` not yet in ``out_examples`` (written after every batch,
+    so a stopped eval resumes); returns the rows of ``qa``, in its order."""
+    from zsearch_cli.rollout.engine import QARow
+
+    stop = active_stop()  # zsearch eval: SIGTERM / SIGINT raise Stopped at once; written rows stay
+    done_rows: list[dict[str, Any]] = []
+    if out_examples.exists():
+        done_rows = read_artifact(out_examples, EVAL_EXAMPLE).to_pylist()
+    done = {r["id"] for r in done_rows}
+    todo = [QARow(r["id"], r["question"], r["golden_answers"]) for r in qa.to_pylist() if r["id"] not in done]
+    if done:
+        console.print(f"[dim]{name}: {len(done)} examples already scored, {len(todo)} to go[/]")
+    wanted = set(qa.column("id").to_pylist())
+
+    def scored() -> list[dict[str, Any]]:
+        return [r for r in done_rows if r["id"] in wanted]
+
+    written = len(scored())
+    lines = ProgressLines(label, qa.num_rows, "questions", done=written)  # plain lines in a log file
+    try:
+        with progress_bar(TextColumn(f"eval {name} ({method})"), BarColumn(), MofNCompleteColumn(),
+                          TimeElapsedColumn(), console=console, transient=True) as bar, lines:
+
+            def row_done(n: int) -> None:
+                bar.advance(task, n)
+                lines.advance(n)
+
+            task = bar.add_task(name, total=len(todo))
+            for start in range(0, len(todo), opts.batch_size):
+                batch = todo[start : start + opts.batch_size]
+                _single_turn_prompts(opts.method, batch, engine.search, opts.rollout.topk)
+                trajs = engine.rollout(batch, group_size=1, on_row_done=row_done)
+                done_rows += example_rows(name, method, trajs)
+                rows_now = scored()
+                # after every batch: resumable (a signal waits for the file to be whole, then
+                # stops with these rows written)
+                with stop.deferred() if stop is not None else nullcontext():
+                    write_artifact(done_rows, out_examples, EVAL_EXAMPLE, config, record)
+                    written = len(rows_now)
+                lines.advance(0, em=sum(r["em"] for r in rows_now) / max(written, 1))
+    except Stopped as err:
+        raise Stopped(err.signum, f"eval: stopped by {err.name} after {written}/{qa.num_rows} questions "
+                                  f"of {name}; rerun the same command to resume") from None
+    # Exactly the rows asked for now (an earlier, larger --limit may have scored more), in
+    # the QA file's order.
+    by_id = {r["id"]: r for r in done_rows}
+    return [by_id[i] for i in qa.column("id").to_pylist()]
+
+
 def evaluate(opts: EvalOptions, config: dict[str, Any]) -> list[dict[str, Any]]:
     """Run every dataset (under each ``--probe``: audit/probe_eval.py), resuming from earlier
-    partial outputs of the same protocol; returns the summaries (each with its protocol columns)."""
+    partial outputs of the same protocol; returns the summaries (each with its protocol columns).
+    KEY/pooled is built from the rows of the datasets it pools, after them."""
     from zsearch_cli.audit.probe_eval import ProbePlan
-    from zsearch_cli.rollout.engine import QARow
 
     check_options(opts)  # the declared ranges and choices (--method ...): the command line's check
     plan = ProbePlan(opts)
@@ -106,8 +168,16 @@ def evaluate(opts: EvalOptions, config: dict[str, Any]) -> list[dict[str, Any]]:
     for line in notes:
         console.print(line, markup=False, highlight=False)
     protocols = {d.key: eval_protocol(opts, d, qa.num_rows) for d, qa in qa_tables}
-    qa_tables = [(d, qa.slice(0, opts.limit) if opts.limit is not None else qa) for d, qa in qa_tables]
+    for d, _ in qa_tables:  # --limit applies per pooled dataset: the pool is whole when each of them is
+        if d.pools:
+            protocols[d.key] = dataclasses.replace(protocols[d.key],
+                                                   full_set=all(protocols[k].full_set for k in d.pools))
+    # a pooled input keeps the whole file: only its order is read
+    qa_tables = [(d, qa.slice(0, opts.limit) if opts.limit is not None and not d.pools else qa)
+                 for d, qa in qa_tables]
     for d, qa in qa_tables:  # the matching audit, and each probe's rows of an earlier run
+        if d.pools:  # nothing rolled out to reuse (its rows are rebuilt), and the audit is per dataset
+            continue
         for existing, protocol in plan.prepare(opts.out, d.key, protocols[d.key], qa.column("id").to_pylist()):
             check_reusable(existing, config, protocol)
     from zsearch_cli.models.loading import check_model_early
@@ -116,55 +186,22 @@ def evaluate(opts: EvalOptions, config: dict[str, Any]) -> list[dict[str, Any]]:
     with heartbeat("eval", f"loading {opts.policy.model}"):
         engine, search = _build_engine(opts)
     summaries = []
-    stop = active_stop()  # zsearch eval: SIGTERM / SIGINT raise Stopped at once; written rows stay
-    for probe, k, (d, qa) in [(p, k, dq) for p in plan.probes for k, dq in enumerate(qa_tables, 1)]:
+    rolled_out = [d.key for d, _ in qa_tables if not d.pools]
+    rows_of: dict[tuple[str, str], list[dict[str, Any]]] = {}  # (probe, key): for the pooled inputs after them
+    for probe, (d, qa) in [(p, dq) for p in plan.probes for dq in qa_tables]:
         name, protocol, method = d.key, plan.protocol(probe, protocols[d.key]), plan.label(probe)
-        engine.search = plan.backend(probe, search, name)
         record = plan.protocol_record(name, protocol)
         out_examples = dataset_dir(opts.out, name) / f"{method}.examples.parquet"
-        done_rows: list[dict[str, Any]] = []
-        if out_examples.exists():
-            done_rows = read_artifact(out_examples, EVAL_EXAMPLE).to_pylist()
-        done = {r["id"] for r in done_rows}
-        todo = [QARow(r["id"], r["question"], r["golden_answers"]) for r in qa.to_pylist() if r["id"] not in done]
-        if done:
-            console.print(f"[dim]{name}: {len(done)} examples already scored, {len(todo)} to go[/]")
-        wanted = set(qa.column("id").to_pylist())
-
-        def scored() -> list[dict[str, Any]]:
-            return [r for r in done_rows if r["id"] in wanted]
-
-        label = f"eval {name} ({method}" + (f", dataset {k}/{len(qa_tables)})" if len(qa_tables) > 1 else ")")
-        written = len(scored())
-        lines = ProgressLines(label, qa.num_rows, "questions", done=written)  # plain lines in a log file
-        try:
-            with Progress(TextColumn(f"eval {name} ({method})"), BarColumn(), MofNCompleteColumn(),
-                          TimeElapsedColumn(), console=console, transient=True) as bar, lines:
-
-                def row_done(n: int) -> None:
-                    bar.advance(task, n)
-                    lines.advance(n)
-
-                task = bar.add_task(name, total=len(todo))
-                for start in range(0, len(todo), opts.batch_size):
-                    batch = todo[start : start + opts.batch_size]
-                    _single_turn_prompts(opts.method, batch, engine.search, opts.rollout.topk)
-                    trajs = engine.rollout(batch, group_size=1, on_row_done=row_done)
-                    done_rows += example_rows(name, method, trajs)
-                    rows_now = scored()
-                    # after every batch: resumable (a signal waits for the file to be whole, then
-                    # stops with these rows written)
-                    with stop.deferred() if stop is not None else nullcontext():
-                        write_artifact(done_rows, out_examples, EVAL_EXAMPLE, config, record)
-                        written = len(rows_now)
-                    lines.advance(0, em=sum(r["em"] for r in rows_now) / max(written, 1))
-        except Stopped as err:
-            raise Stopped(err.signum, f"eval: stopped by {err.name} after {written}/{qa.num_rows} questions "
-                                      f"of {name}; rerun the same command to resume") from None
-        # The summary is of exactly the rows asked for now (an earlier, larger --limit may
-        # have scored more), in the QA file's order.
-        by_id = {r["id"]: r for r in done_rows}
-        rows = [by_id[i] for i in qa.column("id").to_pylist()]
+        if d.pools:
+            rows = pooled_rows(name, qa, [rows_of[(probe, key)] for key in d.pools])
+            if rows:
+                write_artifact(rows, out_examples, EVAL_EXAMPLE, config, record)
+        else:
+            engine.search = plan.backend(probe, search, name)
+            k = rolled_out.index(name) + 1
+            label = f"eval {name} ({method}" + (f", dataset {k}/{len(rolled_out)})" if len(rolled_out) > 1 else ")")
+            rows = _roll_out(opts, config, engine, name, method, label, qa, out_examples, record)
+        rows_of[(probe, name)] = rows
         if not rows:
             continue
         examples = rows_to_table(rows, EVAL_EXAMPLE, out_examples)

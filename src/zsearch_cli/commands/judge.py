@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from zsearch_cli.config.fields import check_options
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.progress import progress_bar
 from zsearch_cli.config.commands import JudgeOptions
 from zsearch_cli.prompts.judge import JUDGE_PROMPT_VERSION, LABELS, build_judge_prompt, parse_verdict
 from zsearch_cli.schemas import COLLECTED_QUERY, JUDGMENT, read_artifact, read_metadata, write_artifact
@@ -150,8 +151,8 @@ def judge(opts: JudgeOptions, config: dict[str, Any]) -> dict[str, Any]:
         console.print(f"[dim]{len(done)} query rows already judged, {len(todo)} to go[/]")
     if todo:
         judge_fn, model_id = make_judge(opts)
-        with Progress(TextColumn("judge"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=True) as bar:
+        with progress_bar(TextColumn("judge"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=console, transient=True) as bar:
             task = bar.add_task("judge", total=len(todo))
             for start in range(0, len(todo), opts.batch_size):
                 batch = todo[start : start + opts.batch_size]

@@ -194,15 +194,15 @@ def generate_questions(opts: GenerateOptions, out: Any, config: dict[str, Any]) 
     """Propose ``num_questions`` questions (best of ``samples``), score them with the solver,
     and write the PROPOSED_QA Parquet at ``out``."""
     from rich.console import Console
-    from rich.progress import Progress
 
+    from zsearch_cli.progress import progress_bar
     from zsearch_cli.schemas import PROPOSED_QA, write_artifact
 
     check_options(opts)  # the declared ranges and choices: the same check as the command line's
     proposer, solver, index = make_engines(opts)
     prompts = proposer_prompts(index, opts.num_questions, opts.proposer.hop_ratio, opts.seed)
     rows: list[dict[str, Any]] = []
-    with Progress(console=Console(stderr=True), transient=True) as bar:
+    with progress_bar(console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("propose", total=len(prompts))
         for start in range(0, len(prompts), opts.batch_size):
             batch = prompts[start : start + opts.batch_size]

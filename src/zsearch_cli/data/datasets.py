@@ -5,7 +5,9 @@ file under ``--data-dir``, else the file's path); two inputs with one key are an
 whose ``--group-by`` column (default ``data_source``) holds several values, as Search-R1's
 merged test file with its seven benchmarks, becomes one dataset per value, KEY/VALUE: a single
 EM over seven benchmarks is not any number a paper reports. ``--pooled`` adds the whole file
-as KEY/pooled, labelled as such.
+as KEY/pooled, labelled as such: an input that names the datasets it pools
+(:attr:`DatasetInput.pools`), so that ``zsearch eval`` builds it from their rows instead of
+rolling every question out a second time.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ class DatasetInput:
     """Unique and readable: ``nq/test``, ``demo``, or the file's path (see data/qa.py dataset_key)."""
     split: str | None
     path: Path
+    pools: tuple[str, ...] = ()
+    """For KEY/pooled: the keys of the datasets whose rows it pools (scored from those rows,
+    never rolled out itself); empty for a dataset of its own."""
 
 
 POOLED = "pooled"
@@ -35,7 +40,8 @@ POOLED = "pooled"
 def split_by_group(qa_tables: Sequence[tuple[DatasetInput, Any]], group_by: str,
                    pooled: bool) -> tuple[list[tuple[DatasetInput, Any]], list[str]]:
     """Each file whose ``group_by`` column holds several values becomes one input per value
-    (key KEY/VALUE, rows in file order), plus KEY/pooled with ``pooled``; returns the inputs
+    (key KEY/VALUE, rows in file order), plus KEY/pooled with ``pooled`` (after them, with
+    the whole file's rows for their order, and ``pools`` naming them); returns the inputs
     and the lines to print about them. With ``group_by`` none, a file that holds several
     ``data_source`` values stays whole, and a line says so."""
     out: list[tuple[DatasetInput, Any]] = []
@@ -50,9 +56,10 @@ def split_by_group(qa_tables: Sequence[tuple[DatasetInput, Any]], group_by: str,
             notes.append(f"{d.key}: holds {len(groups)} data_source values ({', '.join(g for g, _ in groups)}), "
                          "scored as ONE pooled number (--group-by none)")
         else:
-            out += [(DatasetInput(f"{d.key}/{label}", d.split, d.path), sub) for label, sub in groups]
+            members = [(DatasetInput(f"{d.key}/{label}", d.split, d.path), sub) for label, sub in groups]
+            out += members
             if pooled:
-                out.append((DatasetInput(f"{d.key}/{POOLED}", d.split, d.path), qa))
+                out.append((DatasetInput(f"{d.key}/{POOLED}", d.split, d.path, tuple(m.key for m, _ in members)), qa))
             notes.append(f"{d.key}: {len(groups)} datasets by {group_by} "
                          f"({', '.join(f'{g} {t.num_rows}' for g, t in groups)}), each scored on its own"
                          + (f"; {d.key}/{POOLED} pools them" if pooled else ""))

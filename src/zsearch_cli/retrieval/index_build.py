@@ -89,13 +89,13 @@ def resolve_options(options: dict[str, Any] | None) -> dict[str, Any]:
 @contextlib.contextmanager
 def _progress(description: str, total: int) -> Iterator[Callable[[int], None]]:
     """A rich progress bar on stderr, plain lines in a log file (progress.py); yields ``advance(n)``."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
 
-    from zsearch_cli.progress import ProgressLines
+    from zsearch_cli.progress import ProgressLines, progress_bar
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
     unit = "postings" if "postings" in description else "docs"
-    with Progress(*columns, console=err_console, transient=True) as progress, \
+    with progress_bar(*columns, console=err_console, transient=True) as progress, \
             ProgressLines(f"index: {description}", total, unit) as lines:
         task = progress.add_task(description, total=total)
 

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
 from zsearch_cli.config.fields import check_options, execution_options
 from zsearch_cli.errors import ZsearchError
@@ -279,10 +279,10 @@ class SFTTrainer:
         show = acc.is_main_process
         columns = (TextColumn("[bold]sft"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
                    TextColumn("eval {task.fields[eval]}"), TimeElapsedColumn())
-        from zsearch_cli.progress import ProgressLines
+        from zsearch_cli.progress import ProgressLines, progress_bar
 
         lines = ProgressLines("sft", self.total_steps, "steps", done=self.start_step, enabled=None if show else False)
-        with Progress(*columns, console=self.console, disable=not show) as bar, lines:  # lines: in a log file
+        with progress_bar(*columns, console=self.console, disable=not show) as bar, lines:  # lines: in a log file
             task = bar.add_task("sft", total=self.total_steps, completed=self.start_step, loss="-", eval="-")
             for step in range(self.start_step, self.total_steps):
                 row = self.train_step(step)
