@@ -39,7 +39,9 @@ class Protocol:
     """HF commit of a hub model (from the local hub cache), or ``sha256s:…`` of a local
     folder's weights (sampled: see _sampled_fingerprint)."""
     adapter: str | None
-    """A LoRA adapter: its folder (eval of an adapter checkpoint; model = its base), or ``lora r=…`` (training)."""
+    """A LoRA adapter: its folder@fingerprint (eval of an adapter checkpoint; model = its base), or
+    ``lora r=…`` (training). An adapter on an adapter base is the whole stack, base side first,
+    joined by `` + ``: ``smollm2-warm@sha256s:… + runs/x/final@sha256s:…``."""
     corpus_fingerprint: str | None
     corpus_size: int | None
     retriever: str
@@ -166,10 +168,26 @@ def model_identity(model: str) -> tuple[str, str | None, str | None]:
                 base = adapter_base(path)
             except ZsearchError:
                 base = "?"
-            base_model, base_rev, _ = model_identity(str(base))
-            return base_model, base_rev, f"{model}@{_sampled_fingerprint(path)}"
+            base_model, base_rev, base_layers = model_identity(str(base))
+            # a base that is itself an adapter (smollm2-warm: smollm2 + the shipped warm layer)
+            # stays in the record: the same adapter on another warm layer is another model
+            return base_model, base_rev, _stacked(base_layers, f"{model}@{_sampled_fingerprint(path)}")
         return model, _sampled_fingerprint(path), None
     return model, _hub_revision(model), None
+
+
+ADAPTER_JOIN = " + "
+"""Between the layers of an adapter stack in ``Protocol.adapter``, base side first:
+``smollm2-warm@sha256s:… + runs/x/final@sha256s:…``."""
+
+
+def _stacked(*layers: str | None) -> str | None:
+    return ADAPTER_JOIN.join(layer for layer in layers if layer) or None
+
+
+def adapter_layers(adapter: str | None) -> list[str]:
+    """The layers of a recorded adapter stack, base side first (empty for None)."""
+    return adapter.split(ADAPTER_JOIN) if adapter else []
 
 
 def _retriever(search: str, index: str | Path | None, strict: bool) -> dict[str, Any]:
@@ -251,7 +269,7 @@ def build_protocol(options: Mapping[str, Any], *, dataset: str, dataset_fingerpr
         return int(options[key]) if applies and options.get(key) is not None else None
 
     return Protocol(
-        model=model, model_revision=revision, adapter=model_adapter or adapter, **ret,
+        model=model, model_revision=revision, adapter=_stacked(model_adapter, adapter), **ret,
         topk=num("topk", retrieves), max_turns=num("max_turns", agent) if agent else 0,
         max_turn_tokens=num("max_turn_tokens"), max_obs_tokens=num("max_obs_tokens", agent),
         prompt="sft" if method == "sft" else prompt_id(str(options.get("protocol") or "tags"), method, template),

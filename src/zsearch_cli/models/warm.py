@@ -64,6 +64,16 @@ def _current(target: Path, sha: str, base: str) -> bool:
         return False
 
 
+def checked_shipped_dir() -> Path:
+    """:func:`shipped_dir`, once its weights are checked against the manifest's sha256 (a
+    damaged install is one line): what every copy of the warm layer starts from."""
+    source = shipped_dir()
+    sha = read_manifest(source)["adapter"]["sha256"]
+    if not (source / WEIGHTS).is_file() or sha256_file(source / WEIGHTS) != sha:
+        raise ZsearchError(f"{source / WEIGHTS}: missing or not the file its manifest names; reinstall zsearch")
+    return source
+
+
 def warm_adapter_path(base: str, cache: Path) -> str:
     """The ``smollm2-warm`` adapter as a folder plain peft can load (built on first use):
     ``<cache>/models/smollm2-warm``, the shipped weights with the base's absolute path.
@@ -71,10 +81,8 @@ def warm_adapter_path(base: str, cache: Path) -> str:
     ``cache`` zsearch's cache root: passed in, so this module needs nothing from ``loading``.
     The shipped weights must match the manifest's sha256 (a damaged install is one line)."""
 
-    source = shipped_dir()
+    source = checked_shipped_dir()
     sha = read_manifest(source)["adapter"]["sha256"]
-    if not (source / WEIGHTS).is_file() or sha256_file(source / WEIGHTS) != sha:
-        raise ZsearchError(f"{source / WEIGHTS}: missing or not the file its manifest names; reinstall zsearch")
     base = str(Path(base).resolve())
     target = cache / "models" / WARM_ALIAS
     if _current(target, sha, base):
