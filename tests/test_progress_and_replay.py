@@ -113,7 +113,7 @@ def test_eval_logs_progress_and_sigterm_resumes(tmp_path, tiny_model_dir, demo_i
     stopped = [line for line in log.splitlines() if "stopped by" in line]
     assert len(stopped) == 1 and "Traceback" not in log, log[-3000:]
     scored = read_artifact(examples, EVAL_EXAMPLE).num_rows
-    assert 4 <= scored < 40
+    assert 2 <= scored < 40  # at least the first batch (2) was written; under load maybe only it
     assert stopped[0] == (f"eval: stopped by SIGTERM after {scored}/40 questions of demo; "
                           "rerun the same command to resume")
     assert (out / "config.yaml").is_file()
@@ -135,19 +135,24 @@ def test_train_sigterm_checkpoints_and_resumes(tmp_path, tiny_model_dir, demo_in
             "--save-every", "100", "--batch-size", "2", "-G", "2", "--seed", "3", "--lr", "1e-3", *TINY]
     proc = _start(args, tmp_path / "train1.log")
     _wait_for(proc, lambda: (out / "metrics.jsonl").exists() and (out / "metrics.jsonl").read_text().strip())
-    proc.send_signal(signal.SIGTERM)  # a checkpoint is due at the end of the running step (none saved yet)
+    proc.send_signal(signal.SIGTERM)  # a checkpoint of the last completed step is due (none saved yet)
     assert proc.wait(timeout=90) == 143
     log = (tmp_path / "train1.log").read_text()
     assert "train: loading" in log and "train grpo: " in log  # plain progress lines in the log
     # (the "still rolling out …" heartbeat depends on how long a step takes here: its rule is
     # tested in-process, test_progress_lines_throttle_heartbeat_and_eta)
     lines = [line for line in log.splitlines() if "SIGTERM" in line]
-    assert "Traceback" not in log and len(lines) == 1, log[-3000:]
+    assert "Traceback" not in log and len(lines) == 2, log[-3000:]
+    assert lines[0].startswith("train: SIGTERM during step ") or lines[0].startswith("train: SIGTERM after step ")
     saved = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert len(saved) == 1 and saved[0].startswith("step-")
     done = int(saved[0].split("-")[1])
     assert 1 <= done < 60
-    assert lines[0] == f"train: SIGTERM: checkpoint written to {out / 'checkpoints' / saved[0]}; resume with --resume"
+    path = out / "checkpoints" / saved[0]
+    # the step under way is abandoned (train/signals.py; tests/test_sigterm_abandon.py), or, when
+    # the signal came while a finished step was being recorded, that step is written
+    assert lines[1] in (f"train: SIGTERM: step {done + 1} abandoned; checkpoint of step {done} written to {path}; "
+                        "resume with --resume", f"train: SIGTERM: checkpoint written to {path}; resume with --resume")
     assert not (out / "final").exists()
 
     # A refused command leaves the run's config.yaml as it was.
@@ -174,7 +179,9 @@ def test_train_sigterm_without_checkpoints_says_so(tmp_path, tiny_model_dir, dem
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=90) == 130
     log = (tmp_path / "train.log").read_text()
-    assert "train: SIGINT: no checkpoint (--save-every 0); the run cannot be resumed" in log, log[-3000:]
+    said = [line for line in log.splitlines() if line.startswith("train: SIGINT: ")]
+    assert len(said) == 1 and "no checkpoint (--save-every 0)" in said[0], log[-3000:]
+    assert said[0].endswith("the run cannot be resumed")
     assert "Traceback" not in log and not (out / "checkpoints").exists()
 
 

@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from rich.console import Console
 
@@ -195,11 +195,19 @@ def heartbeat(label: str, what: str, enabled: bool | None = None) -> Iterator[Pr
         yield lines
 
 
-class Stopped(Exception):
-    """A run stopped by a signal; ``str()`` is the one line to print, :attr:`code` the exit status."""
+class Stopped(BaseException):
+    """A run stopped by a signal; ``str()`` is the one line to print, :attr:`code` the exit status.
 
-    def __init__(self, signum: int, message: str = ""):
+    A ``BaseException``, like ``KeyboardInterrupt``: it may be raised anywhere in a step that is
+    abandoned (a search call, a retry loop, a reward), and no ``except Exception`` on the way
+    may swallow it. ``abandoned``: raised inside :meth:`StopSignals.abandonable` (the step's
+    work is incomplete). ``hard_exit``: the command leaves with ``os._exit`` once the line is
+    printed, because threads may still be blocked in calls that were abandoned."""
+
+    def __init__(self, signum: int, message: str = "", *, abandoned: bool = False, hard_exit: bool = False):
         self.signum = signum
+        self.abandoned = abandoned
+        self.hard_exit = hard_exit
         super().__init__(message or f"stopped by {signal.Signals(signum).name}")
 
     name = property(lambda self: signal.Signals(self.signum).name)
@@ -219,13 +227,18 @@ def active_stop() -> "StopSignals | None":
 class StopSignals:
     """``with StopSignals(immediate) as stop:`` — SIGTERM / SIGINT raise :class:`Stopped` at
     once (``immediate``), or only set :attr:`signum` for :meth:`check` between steps (a second
-    signal then raises at once). Inside :meth:`deferred` (a file being written) a signal only
-    sets the flag. Installs nothing outside the main thread."""
+    signal then raises at once). Inside :meth:`abandonable` (work that may be thrown away: a
+    training step before its first optimizer step) a signal raises at once too; inside
+    :meth:`deferred` (a file being written) it only sets the flag. ``announce(signum)``, when
+    set, gives a line printed the moment the first signal arrives, so a log shows the stop at
+    once even when writing the state takes a while. Installs nothing outside the main thread."""
 
     def __init__(self, immediate: bool = False):
         self.immediate = immediate
         self.signum: int | None = None
+        self.announce: Callable[[int], str] | None = None
         self._defer = 0
+        self._abandonable = 0
         self._old: dict[int, Any] = {}
 
     def __enter__(self) -> "StopSignals":
@@ -245,11 +258,15 @@ class StopSignals:
     def _handle(self, signum: int, frame: Any) -> None:
         first = self.signum is None
         self.signum = self.signum or signum
-        if self._defer == 0 and (self.immediate or not first):
-            raise Stopped(self.signum)
+        if first and self.announce is not None:
+            _write_now(self.announce(signum))
+        if self._defer == 0 and (self.immediate or not first or self._abandonable):
+            raise Stopped(self.signum, abandoned=bool(self._abandonable))
 
     requested = property(lambda self: self.signum is not None)
     name = property(lambda self: signal.Signals(self.signum).name if self.signum else "")
+    abandoning = property(lambda self: self._abandonable > 0 and self._defer == 0)
+    """Whether a signal now would abandon the work under way."""
 
     def check(self) -> None:
         if self.signum is not None:
@@ -264,3 +281,24 @@ class StopSignals:
             self._defer -= 1
         if self.immediate and self._defer == 0:
             self.check()
+
+    @contextmanager
+    def abandonable(self) -> Iterator[None]:
+        """Work a signal abandons at once: :class:`Stopped` (``abandoned``) is raised wherever
+        the main thread is, and also on entry when a signal came before."""
+        if self.signum is not None:
+            raise Stopped(self.signum, abandoned=True)
+        self._abandonable += 1
+        try:
+            yield
+        finally:
+            self._abandonable -= 1
+
+
+def _write_now(line: str) -> None:
+    """One line to stderr from a signal handler: a raw write, since the handler may run while
+    the main thread is in the middle of another write to ``sys.stderr``."""
+    try:
+        os.write(2, (line.rstrip("\n") + "\n").encode("utf-8", "replace"))
+    except OSError:
+        pass

@@ -254,6 +254,9 @@ def restore_process_state(acc: Any, path: Path, state: dict[str, Any], data: Any
     set_rng_state(state["rng"], load_pickle(path / "rng.pt"))
     data.load_state(state["data"])
     saved = state.get("num_processes", 1)
+    if state.get("processes_saved", saved) < saved:
+        return (f"{path.name} was written by the main process alone when a signal stopped the run: every "
+                "process takes its generators, so the resume continues the run but is not bit-identical")
     if saved != acc.num_processes:
         return (f"{path.name} was written by {saved} process(es), this run has {acc.num_processes}: "
                 "the resume continues the run but is not bit-identical")
@@ -282,6 +285,14 @@ class TrainingState:
     critic_optimizer: Any = None
     critic_scheduler: Any = None
     guard: dict[str, Any] | None = None  # the collapse guard's state (train/stability.py), JSON
+    snapshot: dict[str, Any] | None = None
+    """Set when a signal abandoned a step (train/signals.py): this process's generators and data
+    cursor as that step began, written instead of the live ones; with several processes (DDP)
+    the main process then writes alone, without a collective."""
+
+    @property
+    def alone(self) -> bool:
+        return self.snapshot is not None and self.accelerator.num_processes > 1
 
 
 def _gather(ts: TrainingState) -> dict[str, Any]:
@@ -293,7 +304,7 @@ def _gather(ts: TrainingState) -> dict[str, Any]:
     parts: dict[str, Any] = {
         "policy": full_model_state(acc, ts.policy),
         "optimizer": full_optimizer_state(acc, ts.policy, ts.optimizer),
-        "ranks": process_states(acc, ts.data),
+        "ranks": [ts.snapshot] if ts.snapshot is not None else process_states(acc, ts.data),
     }
     if ts.critic is not None:
         critic = full_model_state(acc, ts.critic)
@@ -333,6 +344,8 @@ def _write(ts: TrainingState, parts: dict[str, Any], completed: int, tmp: Path) 
     }
     if ts.guard is not None:
         state["guard"] = ts.guard
+    if ts.alone:
+        state["processes_saved"] = 1  # the others' generators were not gathered (train/signals.py)
     (tmp / STATE_FILE).write_text(json.dumps(state, default=str) + "\n")
 
 
@@ -355,7 +368,8 @@ def save_checkpoint(ts: TrainingState, completed: int, protect: Collection[int] 
         for n, old in checkpoints(out)[: -ts.cfg.run.keep_checkpoints]:
             if n not in spared:
                 shutil.rmtree(old, ignore_errors=True)
-    acc.wait_for_everyone()  # no process goes on (or reads the folder) before it is complete
+    if not ts.alone:
+        acc.wait_for_everyone()  # no process goes on (or reads the folder) before it is complete
     return path
 
 

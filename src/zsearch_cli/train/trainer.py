@@ -21,17 +21,18 @@ import random
 import time
 import warnings
 from pathlib import Path
+from contextlib import nullcontext
 from typing import Any
 
 import numpy as np
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
 from zsearch_cli.algos import AlgoConfig, AlgoSpec
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.progress import ProgressLines, Stopped, active_stop, heartbeat
-from zsearch_cli.train.signals import stop_between_steps
+from zsearch_cli.progress import ProgressLines, Stopped, active_stop, heartbeat, progress_bar
+from zsearch_cli.train.signals import abandon_step, announce, process_snapshot, stop_between_steps
 from zsearch_cli.train.balance import Balancer
 from zsearch_cli.models.base import logp_tolerance
 from zsearch_cli.protocol import differing
@@ -73,10 +74,15 @@ class Trainer:
     (``AlgoSpec.batch_reward``).
 
     ``stop`` (set by ``zsearch train``: a :class:`~zsearch_cli.progress.StopSignals`) makes a
-    SIGTERM / SIGINT end the run between two steps, with a checkpoint when one is due."""
+    SIGTERM / SIGINT abandon the running step and write the last completed one when a
+    checkpoint is due (train/signals.py)."""
 
     stop: Any = None
     lines: ProgressLines | None = None
+    abandons_steps = False
+    """A signal abandons the running step (train/signals.py): one process, or DDP's main process."""
+    committed = False
+    """The running step has made an optimizer step: its weights are no longer the last completed step's."""
 
     def __init__(self, cfg: TrainConfig, *, search: SearchBackend | None = None, reward_fn: RewardFn | None = None,
                  console: Console | None = None, data: Any = None, batch_reward_fn: BatchRewardFn | None = None):
@@ -274,52 +280,53 @@ class Trainer:
         cfg = self.cfg
         t0 = time.perf_counter()
         done = step - 1  # steps before this one: what the curriculum and the seeds count
-        self.search.progress(done, cfg.steps)  # the simulator's noise curriculum reads it
-        acc = self.accelerator
-        if self.overlap is not None:  # rows drawn and rolled out ahead (train/overlap.py)
-            self.overlap.fill(step)
-            engine, data = self.overlap, self.overlap
-        else:
-            self.engine.policy_version = done
-            engine, data = self.engine, self.data
-        self._phase(f"rolling out step {step}/{cfg.steps}")
-        collected = sample_step(engine, data, self.spec, self.acfg, step, group_size=cfg.group_size,
-                            metric=cfg.reward,
-                            protocol=cfg.rollout.protocol, format_bonus=cfg.format_bonus, reward_fn=self.reward_fn,
-                            shard=(acc.process_index, acc.num_processes), batch_reward_fn=self.batch_reward_fn,
-                            all_counts=self._all_counts if acc.num_processes > 1 else None)
-        for note in collected.notes:
-            self.console.print(f"[yellow]{note}[/]", soft_wrap=True)
-        t1 = time.perf_counter()
-        update: dict[str, float] | None = None
-        mismatch = sync_time = staleness = None
-        validation: dict[str, Any] = {}
-        train = collected.train
-        if train:
-            self._phase(f"updating on step {step}/{cfg.steps}")
-            if cfg.run.vllm_sleep and self.uses_vllm:
-                # The update gets the engine's GPU memory; the weight sync after it wakes the engine
-                # (VLLMBackend.update_weights: weights, sync, KV cache) before anything generates.
-                self.generation.sleep()
-            self.policy.train()
-            balancer = Balancer(acc, cfg.batch.balance_tokens)  # the prompt groups dealt by tokens (train/balance.py)
-            dealt = balancer.deal(train)
-            batch = rollout_tensors(self.models, step_batch(dealt.samples, self.models.pad_id), cfg, version=done)
-            batch = advantages(self.spec, self.acfg, batch, self.accelerator)
-            for sample, a in zip(train, balancer.home(sample_advantages(batch), dealt, len(train))):
-                sample.advantage = a
-            update = optimize(self.models, self.spec, self.acfg, cfg, batch, done)
-            mismatch = batch.logp_mismatch
-            sampled = batch.tokens.mask.bool()
-            staleness = float((done - batch.versions[sampled]).float().mean()) if sampled.any() else None
-        t_sync = time.perf_counter()
-        if self.overlap is not None:
-            # New weights (and validation) where no request is generating: on the rollout thread.
-            self.overlap.stream.update(step, push=lambda: self._refresh(step, bool(train), validation))
-        else:
-            self._refresh(step, bool(train), validation)
-        if train and (self.uses_vllm or self.overlap is not None):
-            sync_time = time.perf_counter() - t_sync
+        with self._abandonable(step):  # a signal abandons all of this (train/signals.py)
+            self.search.progress(done, cfg.steps)  # the simulator's noise curriculum reads it
+            acc = self.accelerator
+            if self.overlap is not None:  # rows drawn and rolled out ahead (train/overlap.py)
+                self.overlap.fill(step)
+                engine, data = self.overlap, self.overlap
+            else:
+                self.engine.policy_version = done
+                engine, data = self.engine, self.data
+            self._phase(f"rolling out step {step}/{cfg.steps}")
+            collected = sample_step(engine, data, self.spec, self.acfg, step, group_size=cfg.group_size,
+                                    metric=cfg.reward, protocol=cfg.rollout.protocol, format_bonus=cfg.format_bonus,
+                                    reward_fn=self.reward_fn, shard=(acc.process_index, acc.num_processes),
+                                    batch_reward_fn=self.batch_reward_fn,
+                                    all_counts=self._all_counts if acc.num_processes > 1 else None)
+            for note in collected.notes:
+                self.console.print(f"[yellow]{note}[/]", soft_wrap=True)
+            t1 = time.perf_counter()
+            update: dict[str, float] | None = None
+            mismatch = sync_time = staleness = None
+            validation: dict[str, Any] = {}
+            train = collected.train
+            if train:
+                self._phase(f"updating on step {step}/{cfg.steps}")
+                if cfg.run.vllm_sleep and self.uses_vllm:
+                    # The update gets the engine's GPU memory; the weight sync after it wakes the engine
+                    # (VLLMBackend.update_weights: weights, sync, KV cache) before anything generates.
+                    self.generation.sleep()
+                self.policy.train()
+                balancer = Balancer(acc, cfg.batch.balance_tokens)  # the prompt groups dealt by tokens (train/balance.py)
+                dealt = balancer.deal(train)
+                batch = rollout_tensors(self.models, step_batch(dealt.samples, self.models.pad_id), cfg, version=done)
+                batch = advantages(self.spec, self.acfg, batch, self.accelerator)
+                for sample, a in zip(train, balancer.home(sample_advantages(batch), dealt, len(train))):
+                    sample.advantage = a
+                update = optimize(self.models, self.spec, self.acfg, cfg, batch, done)
+                mismatch = batch.logp_mismatch
+                sampled = batch.tokens.mask.bool()
+                staleness = float((done - batch.versions[sampled]).float().mean()) if sampled.any() else None
+            t_sync = time.perf_counter()
+            if self.overlap is not None:
+                # New weights (and validation) where no request is generating: on the rollout thread.
+                self.overlap.stream.update(step, push=lambda: self._refresh(step, bool(train), validation))
+            else:
+                self._refresh(step, bool(train), validation)
+            if train and (self.uses_vllm or self.overlap is not None):
+                sync_time = time.perf_counter() - t_sync
         lr = self.scheduler.get_last_lr()[0]  # the lr this step's updates used
         critic_lr = self.critic_scheduler.get_last_lr()[0] if self.critic_scheduler is not None else None
         with warnings.catch_warnings():  # a DSPO step with nothing kept steps the lr without an update
@@ -377,18 +384,26 @@ class Trainer:
                              self.overlap or self.data, self.metrics.rows, self.critic, self.critic_optimizer, self.critic_scheduler,
                              self.stability.state_dict() if self.stability is not None else None)
 
-    def checkpoint(self, completed: int) -> Path:
+    def checkpoint(self, completed: int, snapshot: dict[str, Any] | None = None) -> Path:
         """Save OUT/checkpoints/step-``completed`` and the Parquet metrics. Every process calls
-        it (FSDP / ZeRO-3 shards are gathered); the main process writes."""
+        it (FSDP / ZeRO-3 shards are gathered); the main process writes. ``snapshot``: an
+        abandoned step's generators and data cursor as it began (train/signals.py); only the
+        process that abandoned it calls it then."""
         guard = self.stability
-        path = save_checkpoint(self.training_state(), completed, guard.protected() if guard else (),
-                               KEEP_HEALTHY if guard else 0)
+        state = self.training_state()
+        state.snapshot = snapshot
+        with self.stop.deferred() if self.stop is not None else nullcontext():  # no half-written folder
+            path = save_checkpoint(state, completed, guard.protected() if guard else (), KEEP_HEALTHY if guard else 0)
         self.saved_step = completed
         if guard is not None:
             guard.saved(completed)
+        self.metrics_written()
+        return path
+
+    def metrics_written(self) -> None:
+        """OUT/metrics.parquet holds every step logged so far (the main process writes it)."""
         if self.accelerator.is_main_process:
             self.metrics.write_parquet()
-        return path
 
     def save_final(self) -> Path:
         """OUT/final: an HF model folder (or LoRA adapter) that ``zsearch eval --model`` loads.
@@ -410,11 +425,16 @@ class Trainer:
                    TextColumn("reward {task.fields[reward]}"), TextColumn("{task.fields[sps]} s/step"),
                    TimeElapsedColumn())
         show = self.accelerator.is_main_process
+        self._watch_steps()
         if cfg.rollout_overlap:
             self._start_overlap()
         try:
             self._steps(columns, show)
-        except Stopped:  # a SIGTERM / SIGINT between two steps (train/signals.py): release the engine, no final
+        except Stopped as stopped:  # a SIGTERM / SIGINT (train/signals.py): release the engine, no final
+            if stopped.hard_exit:  # threads of the abandoned step may be blocked: do not wait for them
+                self.overlap = None
+                self.close()
+                raise
             if self.overlap is not None:
                 self.overlap.stream.close()
                 self.overlap = None
@@ -433,6 +453,30 @@ class Trainer:
         self.accelerator.end_training()
         return final
 
+    def _watch_steps(self) -> None:
+        """Let a signal abandon the running step where that is safe (train/signals.py): on one
+        process, or on DDP's main process, which can write a checkpoint alone. An optimizer
+        step marks the step committed: from then on its weights are not the last completed
+        step's."""
+        if self.stop is None:
+            return
+        acc = self.accelerator
+        self.abandons_steps = acc.num_processes == 1 or (distribution(acc) == "replicated" and acc.is_main_process)
+
+        def mark(*_: Any) -> None:
+            self.committed = True
+
+        for optimizer in (self.optimizer, self.critic_optimizer):
+            if optimizer is not None:
+                getattr(optimizer, "optimizer", optimizer).register_step_pre_hook(mark)
+
+    def _abandonable(self, step: int) -> Any:
+        """The part of step ``step`` a signal abandons at once (train/signals.py)."""
+        if not self.abandons_steps:
+            return nullcontext()
+        self.stop.announce = announce(self.stop, step, self.cfg.steps)
+        return self.stop.abandonable()
+
     def _start_overlap(self) -> None:
         from zsearch_cli.rollout.stream import RolloutStream
         from zsearch_cli.train.overlap import OverlapSource
@@ -445,15 +489,21 @@ class Trainer:
         cfg = self.cfg
         # a log file gets plain lines (rich draws no bar there): progress.py
         lines = ProgressLines(f"train {cfg.algo}", cfg.steps, "steps", done=self.start_step, enabled=None if show else False)
-        with Progress(*columns, console=self.console, disable=not show) as bar, lines:
+        with progress_bar(*columns, console=self.console, disable=not show) as bar, lines:
             self.lines = lines
             task = bar.add_task("train", total=cfg.steps, completed=self.start_step, algo=cfg.algo, reward="-", sps="-")
             step = self.start_step  # 1-based; start_step steps are done
             while step < cfg.steps:
                 stop_between_steps(self, step)
                 step += 1
+                snapshot = process_snapshot(self.overlap or self.data) if self.abandons_steps else None
+                self.committed = False
                 try:
                     row = self.train_step(step)
+                except Stopped as stopped:
+                    if not stopped.abandoned:
+                        raise
+                    raise abandon_step(self, step, stopped.signum, snapshot, self.committed) from None
                 except ZsearchError as err:  # e.g. the retriever died: say which step, and how to go on
                     err.args = (f"{err.args[0] if err.args else err} (in step {step}/{cfg.steps}; "
                                 f"{self._resume_hint()})",)
@@ -497,7 +547,17 @@ def run_training(cfg: TrainConfig, stop: Any = None, **kwargs: Any) -> Path:
     check_config(cfg)
     check_processes(cfg, int(os.environ.get("WORLD_SIZE", "1")))
     check_model_early(cfg.policy.model)
-    with heartbeat("train", f"loading {cfg.policy.model} and the data", enabled=None if main else False):
-        trainer = Trainer(cfg, **kwargs)
-    trainer.stop = stop if stop is not None else active_stop()  # zsearch train / solve install one
+    stop = stop if stop is not None else active_stop()  # zsearch train / solve install one
+    # one process: a signal abandons the loading too (several would leave the others in a collective)
+    alone = stop is not None and int(os.environ.get("WORLD_SIZE", "1")) == 1
+    try:
+        with heartbeat("train", f"loading {cfg.policy.model} and the data", enabled=None if main else False), \
+                stop.abandonable() if alone else nullcontext():
+            trainer = Trainer(cfg, **kwargs)
+    except Stopped as stopped:
+        if not stopped.abandoned:
+            raise
+        raise Stopped(stopped.signum, f"train: {stopped.name} while loading, before any step: nothing was written; "
+                      "rerun the same command", hard_exit=True) from None
+    trainer.stop = stop
     return trainer.train()
