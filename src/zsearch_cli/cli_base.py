@@ -19,7 +19,7 @@ import yaml
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from zsearch_cli.errors import ZsearchError, install_log_redaction, one_line
+from zsearch_cli.errors import ZsearchError, holds_withheld, install_log_redaction, one_line, stored_config, stored_value
 from zsearch_cli.progress import Stopped, err_console
 from zsearch_cli.config.ranges import ANY, range_for
 
@@ -140,6 +140,35 @@ def check_ranges(ctx: Any, values: dict[str, Any]) -> None:
         raise ZsearchError(rule.refusal(f"{where} ({flag})" if where != "flag" else flag, value))
 
 
+def refuse_withheld(ctx: Any, values: dict[str, Any]) -> None:
+    """Refuse a value holding ``***`` where a record withheld a key (errors.stored_value): a
+    replayed OUT/config.yaml, or a command line copied from its header, would otherwise send
+    ``***`` as the key. One line naming the option and how to give the key."""
+    params = {p.name: p for p in ctx.command.params} if ctx is not None else {}
+    for name, value in values.items():
+        if not holds_withheld(value):
+            continue
+        where = _source(ctx, name)
+        flag = _flag(params[name]) if name in params else f"--{name.replace('_', '-')}"
+        if where != "flag":
+            raise ZsearchError(f"{where} ({flag}) was recorded with its key withheld (***): give {flag} again on "
+                               f"the command line, key included (it overrides the file){_key_hint(name, value)}")
+        raise ZsearchError(f"{flag} holds ***, a key withheld when a run was recorded: give the key itself"
+                           f"{_key_hint(name, value)}")
+
+
+LLM_ENDPOINT_OPTIONS = ("judge_url", "solver_url")
+"""Options naming an OpenAI-compatible endpoint, which llm_client.LLMClient serves; so does a
+``sim+http://…`` search."""
+
+
+def _key_hint(name: str, value: Any) -> str:
+    """Where the backend of option ``name`` also reads a key from the environment, say so."""
+    if name in LLM_ENDPOINT_OPTIONS or str(value).strip().startswith("sim+"):
+        return ", or leave the URL's user:password@ out and set OPENAI_API_KEY (sent as a bearer key)"
+    return ""
+
+
 class OneLineErrors(TyperGroup):
     """The app's group: a usage error (a bad value, an unknown flag, a missing argument, a
     config value of the wrong type) is one ``error:`` line and exit status 2, like every
@@ -211,9 +240,10 @@ PrintConfigOption = typer.Option(
 
 
 def resolved_options(ctx: typer.Context) -> dict[str, Any]:
-    """The command's fully resolved options (after YAML and flags), JSON-friendly."""
-    return {k: (str(v) if isinstance(v, Path) else v) for k, v in ctx.params.items()
-            if k not in ("config", "print_config")}
+    """The command's fully resolved options (after YAML and flags), JSON-friendly, as outputs
+    record them and compare them with an earlier output's: secrets withheld (errors.stored_config)."""
+    return stored_config({k: (str(v) if isinstance(v, Path) else v) for k, v in ctx.params.items()
+                          if k not in ("config", "print_config")})
 
 
 def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -223,19 +253,39 @@ def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            check_ranges(get_current_context(silent=True), kwargs)  # before any model loads
+            ctx = get_current_context(silent=True)
+            if not kwargs.get("print_config"):
+                refuse_withheld(ctx, kwargs)
+            check_ranges(ctx, kwargs)  # before any model loads
             return fn(*args, **kwargs)
         except ZsearchError as err:
             print_error(str(err))
             raise typer.Exit(2) from None
         except Stopped as stop:  # SIGTERM / SIGINT: one line, resumable state, 128 + signal
             _print_line(str(stop))
+            if stop.hard_exit:  # an abandoned step: threads may still wait on calls nobody reads
+                _leave_now(stop.code)
             sys.exit(stop.code)
         except KeyboardInterrupt:
             err_console.print("[yellow]interrupted[/]")
             sys.exit(130)
 
     return wrapper
+
+
+def _leave_now(code: int) -> None:
+    """Exit without the interpreter's teardown, which would join the threads of an abandoned
+    step (a search call in flight for minutes, a collective whose peers left); what was
+    written is flushed first. The state that matters is already on disk."""
+    import logging
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    logging.shutdown()
+    os._exit(code)
 
 
 def _print_line(text: str) -> None:
@@ -263,7 +313,9 @@ def config_yaml(values: dict[str, Any]) -> str:
             return {str(k): plain(x) for k, x in v.items()}
         return v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
 
-    return yaml.safe_dump({k: plain(v) for k, v in values.items()}, sort_keys=False, default_flow_style=False)
+    # a run folder is shared: a key in a --search URL or spec is written as *** (a replay asks for it)
+    return yaml.safe_dump(stored_config({k: plain(v) for k, v in values.items()}), sort_keys=False,
+                          default_flow_style=False)
 
 
 RunConfigRecord = tuple[Path, Optional[str], bool, dict[str, tuple[int, int]]]
@@ -289,7 +341,9 @@ def write_run_config(out: Path, body: str, command: str) -> Optional[RunConfigRe
         # replay names a new one (issue 36.11)
         header = (f"# zsearch {__version__}: the resolved options of this run; replay it into a new folder with\n"
                   f"#   zsearch {command} --config {path} --out NEW_FOLDER\n"
-                  f"# command line: {redact(shlex.join(['zsearch', *ARGV]))}\n")
+                  + ("# a key was withheld (***): give its option again on the command line with the key\n"
+                     if holds_withheld(yaml.safe_load(body)) else "")
+                  + f"# command line: {redact(shlex.join(['zsearch', *map(stored_value, ARGV)]))}\n")
         tmp = out / f".{RUN_CONFIG}.{os.getpid()}.tmp"
         tmp.write_text(header + body, encoding="utf-8")
         tmp.replace(path)

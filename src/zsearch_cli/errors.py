@@ -1,5 +1,6 @@
 """The one exception type that reaches users as a one-line error instead of a traceback,
-and the scrubbing every user-facing message goes through (one line, no secrets)."""
+the scrubbing every user-facing message goes through (one line, no secrets), and the form
+every recorded option takes on disk (``stored_config``: no secrets, still replayable)."""
 
 from __future__ import annotations
 
@@ -29,19 +30,24 @@ REDACTED = "***"
 _SECRET_PARAM = re.compile(r"(?i)([?&](?:api[_-]?key|key|access[_-]?token|token|secret|password)=|"
                            r"\bapi[_-]?key['\"]?\s*[=:]\s*['\"]?)[^&\s'\",}]+")
 _AUTH_HEADER = re.compile(r"(?i)\b(authorization:?\s*(?:bearer\s+)?|bearer\s+)[A-Za-z0-9._~+/=-]{8,}")
-_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s:]+:[^/@\s]+@")  # any scheme: sim+ftp://u:KEY@h
 
 
 def redact(text: str) -> str:
     """``text`` with secrets replaced by ``***``: the values of :data:`SECRET_ENV`, query
-    parameters such as ``api_key=…``, bearer tokens and ``user:password@`` in URLs."""
-    for name in SECRET_ENV:
-        value = os.environ.get(name)
-        if value and len(value) >= 4:
-            text = text.replace(value, REDACTED)
+    parameters such as ``api_key=…``, bearer tokens, and what a record withholds (a URL's
+    userinfo, credential-named options: :func:`stored_value`)."""
+    text = _without_env_secrets(text, min_length=4)
     text = _SECRET_PARAM.sub(lambda m: m.group(1) + REDACTED, text)
     text = _AUTH_HEADER.sub(lambda m: m.group(1) + REDACTED, text)
-    return _URL_USERINFO.sub(lambda m: m.group(1) + REDACTED + "@", text)
+    return _without_credentials(text)
+
+
+def _without_env_secrets(text: str, min_length: int) -> str:
+    for name in SECRET_ENV:
+        value = os.environ.get(name)
+        if value and len(value) >= min_length:
+            text = text.replace(value, REDACTED)
+    return text
 
 
 _PLAIN_NAME = re.compile(r"[A-Za-z_][A-Za-z_-]{0,31}")
@@ -82,6 +88,113 @@ def shown_kind(spec: str) -> str:
     if not _PLAIN_NAME.fullmatch(kind):
         return NOT_SHOWN
     return repr(kind + ("…" if cut < len(spec) else ""))
+
+
+# ----------------------------------------------------------------------------- stored options
+# A run folder is shared (zsearch's rule: it is enough to rerun its run), so what it records
+# of the options (OUT/config.yaml, Parquet metadata, checkpoints, metrics, exports) goes
+# through stored_config. A message may hide every option value of a spec (shown_spec); a
+# record must keep them to replay the run, so it withholds only what is a credential by its
+# form: a URL's userinfo, the value of an option or query parameter named like a key, and
+# the value of a key variable of SECRET_ENV pasted anywhere. The key is never part of what a
+# run computes, so a replay gives it again (cli_base.refuse_withheld) and a resume compares
+# records without it (read_back).
+
+_CREDENTIAL_NAME = re.compile(r"(?:[a-z0-9._-]*[_-])?(?:api|access|auth|client|private|session|refresh|security)?"
+                              r"(?:key|token|secret|password|passwd|pwd|pass|credentials?|signature|sig|auth)")
+"""An option or query parameter name (lowercased) whose value is a credential: ``api_key``,
+``apiKey``, ``key``, ``token``, ``access_token``, ``X-Amz-Signature``, ``password``… and not
+``max_tokens`` or ``cache`` (the word must end the name, after a separator or a known prefix)."""
+_OPTION = re.compile(r"([?&])([^=&?#\s,'\"]+)=([^&#?\s,'\"]*)")
+"""``?name=value`` / ``&name=value``: a spec's options (``serpapi?…``, ``sim:M?…``) and a URL's
+query share it. A value stops at ``?``, so a URL inside a value (``base_url=https://h/s?token=K``)
+has its own query read too."""
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)([^/?#@\s,'\"]+)@")
+"""``scheme://USERINFO@`` (any scheme: ``sim+http://u:KEY@h``), all of it: a user name alone may
+be the token (``https://TOKEN@host``)."""
+_WITHHELD = re.compile(r"(?i)[a-z][a-z0-9+.-]*://\*\*\*@|[?&]([^=&?#\s,]+)=\*\*\*(?=$|[&#?\s,])")
+_STORED_ENV_MIN = 8
+"""A SECRET_ENV value shorter than this is not searched for in records (a short test value
+such as ``test`` would otherwise cut into paths); real keys are far longer."""
+
+
+def _is_credential(name: str) -> bool:
+    return _CREDENTIAL_NAME.fullmatch(name.strip().lower()) is not None
+
+
+def stored_value(text: str) -> str:
+    """``text`` (an option's value: a ``--search`` spec, a URL, a path) as a record keeps it:
+    a URL's userinfo, every credential-named option or query value (``?api_key=…``,
+    ``&token=…``) and any SECRET_ENV value replaced by ``***``; everything else as given,
+    so the record still replays the run. Idempotent."""
+    return _without_credentials(_without_env_secrets(text, min_length=_STORED_ENV_MIN))
+
+
+def _without_credentials(text: str) -> str:
+    text = _USERINFO.sub(lambda m: m.group(1) + REDACTED + "@", text)
+    return _OPTION.sub(lambda m: m.group(0) if not _is_credential(m.group(2))
+                       else f"{m.group(1)}{m.group(2)}={REDACTED}", text)
+
+
+def stored_config(values):  # type: ignore[no-untyped-def] - any JSON-like value, returned alike
+    """``values`` (a mapping of options, a list, or one value) with every string through
+    :func:`stored_value`, containers copied; the one path from options to anything written
+    to disk."""
+    if isinstance(values, str):
+        return stored_value(values)
+    if isinstance(values, dict):
+        return {k: stored_config(v) for k, v in values.items()}
+    if isinstance(values, (list, tuple)):
+        return type(values)(stored_config(v) for v in values)
+    return values
+
+
+def holds_withheld(value: object) -> bool:
+    """Whether ``value`` (or a string inside it) has a part :func:`stored_value` withheld:
+    ``scheme://***@``, a credential-named ``name=***``, or is ``***`` itself. Sent as it is,
+    ``***`` would go out as the key."""
+    if isinstance(value, str):
+        if value.strip() == REDACTED:
+            return True
+        return any(m.group(1) is None or _is_credential(m.group(1)) for m in _WITHHELD.finditer(value))
+    if isinstance(value, dict):
+        return any(holds_withheld(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(holds_withheld(v) for v in value)
+    return False
+
+
+class Withheld(str):
+    """A recorded value with a withheld part, as read back for comparison with the options
+    given now: equal to any value whose stored form it is. Which key a run used is not a
+    difference between two runs, so ``train --resume`` or eval reusing rows, given the key
+    again, sees no change where the record says ``***``."""
+
+    __hash__ = str.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        return str.__eq__(self, stored_value(other)) if isinstance(other, str) else NotImplemented
+
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
+
+def read_back(values):  # type: ignore[no-untyped-def] - any JSON-like value, returned alike
+    """A record read from disk, for comparison with live options: in stored form (a file an
+    older zsearch wrote with the key compares as a newer one), each withheld string a
+    :class:`Withheld`."""
+    return _marked(stored_config(values))
+
+
+def _marked(values):  # type: ignore[no-untyped-def]
+    if isinstance(values, str):
+        return Withheld(values) if holds_withheld(values) else values
+    if isinstance(values, dict):
+        return {k: _marked(v) for k, v in values.items()}
+    if isinstance(values, (list, tuple)):
+        return type(values)(_marked(v) for v in values)
+    return values
 
 
 def one_line(text: str) -> str:

@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from zsearch_cli import __version__
-from zsearch_cli.errors import ZsearchError
+from zsearch_cli.errors import ZsearchError, read_back, stored_config, stored_value
 from zsearch_cli.text_check import text_problem
 from zsearch_cli.files import mkstemp_like_open
 
@@ -688,10 +688,12 @@ def read_metadata(path: str | os.PathLike) -> dict[str, Any]:
         out["version"] = meta[META_VERSION].decode()
     if META_ARTIFACT in meta:
         out["artifact"] = meta[META_ARTIFACT].decode()
+    # read back for comparison with the options given now (eval's reuse of rows, collect's
+    # resume): a withheld key equals the key given again (errors.read_back)
     if META_CONFIG in meta:
-        out["config"] = json.loads(meta[META_CONFIG])
+        out["config"] = read_back(json.loads(meta[META_CONFIG]))
     if META_PROTOCOL in meta:
-        out["protocol"] = json.loads(meta[META_PROTOCOL])
+        out["protocol"] = read_back(json.loads(meta[META_PROTOCOL]))
     return out
 
 
@@ -703,10 +705,11 @@ def _metadata(artifact: Artifact, config: dict[str, Any] | None,
     meta = {
         META_VERSION: __version__.encode(),
         META_ARTIFACT: artifact.name.encode(),
-        META_CONFIG: json.dumps(config or {}, default=str, sort_keys=True).encode(),
+        # a run folder is shared: no key of a --search URL or spec in it (errors.stored_config)
+        META_CONFIG: json.dumps(stored_config(config or {}), default=str, sort_keys=True).encode(),
     }
     if protocol is not None:  # see zsearch_cli/protocol.py
-        meta[META_PROTOCOL] = json.dumps(protocol, default=str, sort_keys=True).encode()
+        meta[META_PROTOCOL] = json.dumps(stored_config(protocol), default=str, sort_keys=True).encode()
     return meta
 
 
@@ -740,6 +743,7 @@ class ArtifactWriter:
             data = data.select(self.artifact.schema.names).cast(self.artifact.schema)
         if isinstance(data, pa.RecordBatch):
             data = pa.Table.from_batches([data])
+        data = _protocol_stored(data)
         assert self._writer is not None
         self._writer.write_table(data.replace_schema_metadata(self.schema.metadata))
         self.rows += data.num_rows
@@ -760,6 +764,19 @@ class ArtifactWriter:
             os.replace(self._tmp, self.path)
         else:
             os.unlink(self._tmp)
+
+
+def _protocol_stored(table: pa.Table) -> pa.Table:
+    """``table`` with its protocol columns (options as given: ``--model``, the ``--search``
+    spec as ``retriever``) in the stored form the metadata has (errors.stored_config), so no
+    row holds a key either."""
+    for i, name in enumerate(table.schema.names):
+        if name in _PROTOCOL_NAMES and pa.types.is_string(table.schema.field(i).type):
+            values = table.column(i).to_pylist()
+            stored = [stored_value(v) if isinstance(v, str) else v for v in values]
+            if stored != values:
+                table = table.set_column(i, table.schema.field(i), pa.array(stored, table.schema.field(i).type))
+    return table
 
 
 def write_artifact(

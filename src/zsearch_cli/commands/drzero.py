@@ -38,7 +38,7 @@ from zsearch_cli.config.parts import (BatchOptions, CorrectionOptions, DatasetOp
                                       ModelOptions, OptimConfig, ProposerOptions, RolloutOptions, RunConfig, SearchConfig,
                                       Seeded)
 from zsearch_cli.config.ranges import AT_LEAST_1, POSITIVE, Range
-from zsearch_cli.errors import ZsearchError
+from zsearch_cli.errors import ZsearchError, read_back
 from zsearch_cli.presets import PRESETS
 
 LINEAGE = "lineage.json"
@@ -136,7 +136,8 @@ class Lineage:
             self.data = json.loads(path.read_text())
             saved = self.data.get("options", {})
             # an option added since the lineage was written ran at its default
-            saved = {**DrZeroOptions().to_dict(), **saved}
+            # (read back: a key the lineage withheld, ***, equals the one given again)
+            saved = read_back({**DrZeroOptions().to_dict(), **saved})
             may_change = execution_options(DrZeroOptions)  # option(execution=True): how the loop runs
             changed = [f"{k}={saved.get(k)!r}->{v!r}" for k, v in now.items()
                        if k not in may_change and saved.get(k) != v]

@@ -302,8 +302,13 @@ class Record(Options):
     the flags are, so files written before the parts nested read back unchanged."""
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-friendly options by flat name (paths as strings)."""
-        return {k: (str(v) if isinstance(v, Path) else _plain(v)) for k, v in to_flat(self).items()}
+        """JSON-friendly options by flat name (paths as strings), as a record keeps them: a
+        secret in a value withheld (``errors.stored_config``), since every caller saves or
+        compares with what was saved (a checkpoint, metadata, a tracker, a lineage). Live
+        values are the dataclass's own (``to_flat``)."""
+        from zsearch_cli.errors import stored_config
+
+        return stored_config({k: (str(v) if isinstance(v, Path) else _plain(v)) for k, v in to_flat(self).items()})
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Any:

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from zsearch_cli.doctor.results import CheckResult
-from zsearch_cli.errors import ZsearchError
+from zsearch_cli.errors import ZsearchError, stored_config
 from zsearch_cli.progress import heartbeat
 
 CHECKS = ("environment", "parity", "sync", "template", "retrieval")
@@ -156,7 +156,8 @@ def write_json(report: DoctorReport, out: Path, options: dict[str, Any]) -> Path
     fd, tmp = mkstemp_like_open(prefix=".doctor.json.", suffix=".tmp", dir=out)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({**report.to_dict(), "options": options}, f, indent=1, default=str)
+            # a shared report: no key of a probed URL or spec in it (errors.stored_config)
+            json.dump(stored_config({**report.to_dict(), "options": options}), f, indent=1, default=str)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -20,7 +20,7 @@ from zsearch_cli.config.fields import Record, check_options, option, part, to_fl
 from zsearch_cli.config.parts import (BatchOptions, CorrectionOptions, GuardOptions, LossOptions, ModelOptions, OptimConfig,
                                       RolloutOptions, RunConfig, SearchConfig, Seeded, SimOptions, ValidationConfig)
 from zsearch_cli.config.ranges import ANY, AT_LEAST_0, AT_LEAST_1, POSITIVE, Range
-from zsearch_cli.errors import ZsearchError, shown_spec
+from zsearch_cli.errors import ZsearchError, read_back, shown_spec
 from zsearch_cli.presets import apply_preset
 
 
@@ -184,9 +184,10 @@ def with_later_options(saved: dict[str, Any]) -> dict[str, Any]:
     """A checkpoint's recorded config plus the options added to zsearch since it was written,
     at the values that run used without naming them (their defaults; ``loss_agg``: its
     algorithm's), so ``--resume`` compares like with like instead of refusing every checkpoint
-    of an older version."""
+    of an older version; read back (errors.read_back) so that a key the checkpoint withheld
+    (``http://***@host``) equals the key given again."""
     implicit = resolve_config(TrainConfig(algo=saved.get("algo", "grpo"))).to_dict()
-    return {**{k: v for k, v in implicit.items() if k not in saved}, **saved}
+    return read_back({**{k: v for k, v in implicit.items() if k not in saved}, **saved})
 
 
 def resolved_dict(cfg: TrainConfig, num_processes: int = 1) -> dict[str, Any]:

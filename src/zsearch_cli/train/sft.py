@@ -38,7 +38,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
 from zsearch_cli.config.fields import check_options, execution_options
-from zsearch_cli.errors import ZsearchError
+from zsearch_cli.errors import ZsearchError, read_back
 from zsearch_cli.protocol import differing
 from zsearch_cli.train.distributed import check_sharded_saving
 from zsearch_cli.train.checkpoint import (METRICS_FORMAT, STATE_FILE, atomic_dir, checkpoints,
@@ -136,7 +136,8 @@ class SFTTrainer:
             raise ZsearchError(f"--resume: {latest} was written by an older zsearch (its metrics count steps from 0): "
                                f"finish that run with the zsearch that started it, or start a new --out")
         # only what changes how the run executes may differ (option(execution=True))
-        changed = differing(state["config"], cfg.to_dict(), execution_options(SFTConfig))
+        # read back: a key the checkpoint withheld (***) equals the one given again
+        changed = differing(read_back(state["config"]), cfg.to_dict(), execution_options(SFTConfig))
         if changed:
             raise ZsearchError(f"--resume: options differ from the run in {cfg.run.out} ({', '.join(changed)}); "
                                "pass the same options or choose another --out")
