@@ -31,10 +31,12 @@ ZeRO-3 need every process to gather a checkpoint: they stop between two steps, a
 from __future__ import annotations
 
 import signal
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
 from zsearch_cli.progress import Stopped
+from zsearch_cli.train.distributed import distribution
 from zsearch_cli.train.handle import TrainerHandle
 
 
@@ -115,3 +117,28 @@ def abandon_step(trainer: TrainerHandle, step: int, signum: int, snapshot: dict[
     trainer.metrics_written()
     return Stopped(signum, line, hard_exit=True)
 
+
+
+def watch_steps(trainer: Any) -> None:
+    """Let a signal abandon the running step where that is safe: on one process, or on DDP's
+    main process, which can write a checkpoint alone. An optimizer step (policy or critic)
+    marks the step committed: from then on its weights are not the last completed step's."""
+    if trainer.stop is None:
+        return
+    acc = trainer.accelerator
+    trainer.abandons_steps = acc.num_processes == 1 or (distribution(acc) == "replicated" and acc.is_main_process)
+
+    def mark(*_: Any) -> None:
+        trainer.committed = True
+
+    for optimizer in (trainer.optimizer, trainer.critic_optimizer):
+        if optimizer is not None:
+            getattr(optimizer, "optimizer", optimizer).register_step_pre_hook(mark)
+
+
+def abandonable(trainer: Any, step: int) -> Any:
+    """The part of step ``step`` a signal abandons at once (a no-op where steps are not abandoned)."""
+    if not trainer.abandons_steps:
+        return nullcontext()
+    trainer.stop.announce = announce(trainer.stop, step, trainer.cfg.steps)
+    return trainer.stop.abandonable()

@@ -20,8 +20,8 @@ import os
 import random
 import time
 import warnings
-from pathlib import Path
 from contextlib import nullcontext
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,19 +32,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from zsearch_cli.algos import AlgoConfig, AlgoSpec
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.progress import ProgressLines, Stopped, active_stop, heartbeat, progress_bar
-from zsearch_cli.train.signals import abandon_step, announce, process_snapshot, stop_between_steps
+from zsearch_cli.train.signals import abandon_step, abandonable, process_snapshot, stop_between_steps, watch_steps
 from zsearch_cli.train.balance import Balancer
 from zsearch_cli.models.base import logp_tolerance
-from zsearch_cli.protocol import differing
 from zsearch_cli.search.base import SearchBackend
-from zsearch_cli.train.distributed import check_deepspeed, check_sharded_saving, distribution, init_tracker
-from zsearch_cli.train.checkpoint import (atomic_dir, check_resumable,
-                                          full_model_state, latest_checkpoint, load_training_state, read_state,
-                                          save_checkpoint, TrainingState)
+from zsearch_cli.train.checkpoint import (atomic_dir, full_model_state, load_training_state, save_checkpoint,
+                                          TrainingState)
 from zsearch_cli.train.step_samples import BatchRewardFn, RewardFn, Sample, sample_step
-from zsearch_cli.config.fields import execution_options
 from zsearch_cli.train.config import (TrainConfig, check_config, check_processes, get_spec, resolve_config, resolved_dict,
-                                     search_options, with_later_options)
+                                     search_options)
 from zsearch_cli.train.sampler import PromptSampler, load_rows
 from zsearch_cli.train.metrics import (MetricsLog, average_over_processes, check_logp_mismatch, console_line,
                                       step_metrics)
@@ -55,6 +51,7 @@ from zsearch_cli.train.optim import make_optimizer
 from zsearch_cli.train.stability import KEEP_HEALTHY, Stability
 from zsearch_cli.train.update import (StepModels, advantages, optimize, rollout_tensors, sample_advantages,
                                       step_batch)
+from zsearch_cli.train.setup import agreed_layout, make_accelerator, resume_hint, resume_point
 from zsearch_cli.train.validation import Validator
 
 SYNC_PROBE = ("Question: who wrote the novel pride and prejudice? <think> I need to search. </think> "
@@ -96,8 +93,8 @@ class Trainer:
         self.reward_fn = reward_fn
         self.batch_reward_fn = batch_reward_fn
         self.console = console or Console(stderr=True)
-        self.accelerator = self._accelerator()
-        resume_dir = self._resume_point()
+        self.accelerator = make_accelerator(cfg, self.spec)
+        resume_dir = resume_point(cfg, self.accelerator, self.console)
         self.data = data if data is not None else PromptSampler(load_rows(cfg.train_data), cfg.batch_size, cfg.seed)
         self.validator = Validator.from_config(cfg)  # reads --val-data now, before any model loads
         random.seed(cfg.seed)
@@ -155,69 +152,8 @@ class Trainer:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         self.models = StepModels(self.policy, self.reference, self.critic, self.optimizer, self.critic_optimizer,
                                  self.accelerator, int(self.pad_id), self.accelerator.device,
-                                 layout=self._resolve_layout())
+                                 layout=agreed_layout(cfg, self.policy, self.accelerator, self.console))
         self.sync_generation()
-
-    def _resolve_layout(self) -> str:
-        """``--pack``: the start-up probes (train/logprobs.py), the same answer on every process
-        (the most conservative of theirs: LAYOUTS runs from packed to masked)."""
-        from zsearch_cli.train.logprobs import LAYOUTS, resolve_layout
-
-        base = self.accelerator.unwrap_model(self.policy)
-        layout, why = resolve_layout(self.cfg.batch.pack, self.policy, int(base.config.vocab_size),
-                                     self.accelerator.device, next(base.parameters()).dtype,
-                                     getattr(base.config, "_attn_implementation", None))
-        if self.accelerator.num_processes > 1:
-            mine = torch.tensor([LAYOUTS.index(layout)], device=self.accelerator.device)
-            layout = LAYOUTS[int(self.accelerator.gather(mine).max())]
-        if self.accelerator.is_main_process:
-            self.console.print(why, soft_wrap=True)
-        return layout
-
-    # ------------------------------------------------------------------ setup helpers
-
-    def _accelerator(self) -> Any:
-        from accelerate import Accelerator
-
-        cpu = self.cfg.policy.device == "cpu" or not torch.cuda.is_available()
-        kwargs: dict[str, Any] = {}
-        if self.cfg.run.report_to != "none":
-            kwargs.update(log_with=self.cfg.run.report_to, project_dir=str(self.cfg.run.out))
-        try:
-            with warnings.catch_warnings():  # a missing tracker package gets its own error below
-                warnings.filterwarnings("ignore", message="`log_with=", category=UserWarning)
-                acc = Accelerator(cpu=cpu, **kwargs)
-        except (ImportError, ValueError, RuntimeError) as err:  # e.g. an accelerate config this machine cannot run
-            raise ZsearchError(f"accelerate: {err}") from None
-        check_sharded_saving(acc)
-        check_processes(self.cfg, acc.num_processes)
-        if distribution(acc) != "replicated" and self.cfg.batch.logits_chunk:
-            raise ZsearchError(f"--logits-chunk {self.cfg.batch.logits_chunk} under {distribution(acc)}: the chunked LM "
-                               "head reads the head's whole weight, which FSDP/ZeRO-3 shard outside the forward; leave "
-                               "--logits-chunk unset (the whole head is used there) or set 0")
-        if distribution(acc) == "deepspeed":
-            check_deepspeed(acc, self.cfg, self.spec)
-        init_tracker(acc, self.cfg)
-        return acc
-
-    def _resume_point(self) -> Path | None:
-        """The checkpoint to resume from, after checking the options still match it."""
-        latest = latest_checkpoint(Path(self.cfg.run.out))
-        if latest is None:
-            if self.cfg.run.resume:
-                self.console.print(f"[dim]--resume: no checkpoint in {self.cfg.run.out}/checkpoints, starting fresh[/]")
-            return None
-        if not self.cfg.run.resume:
-            raise ZsearchError(f"{self.cfg.run.out} already holds checkpoints (latest {latest.name}): "
-                               "pass --resume to continue that run, or choose another --out")
-        check_resumable(latest, self.accelerator)
-        # only what changes how the run executes may differ (option(execution=True))
-        changed = differing(with_later_options(read_state(latest)["config"]), self.cfg.to_dict(),
-                            execution_options(TrainConfig))
-        if changed:
-            raise ZsearchError(f"--resume: options differ from the run in {self.cfg.run.out} ({', '.join(changed)}); "
-                               "pass the same options or choose another --out")
-        return latest
 
     def _all_counts(self, n: int) -> list[int]:
         """Every process's ``n``, in rank order (a collective)."""
@@ -280,7 +216,7 @@ class Trainer:
         cfg = self.cfg
         t0 = time.perf_counter()
         done = step - 1  # steps before this one: what the curriculum and the seeds count
-        with self._abandonable(step):  # a signal abandons all of this (train/signals.py)
+        with abandonable(self, step):  # a signal abandons all of this (train/signals.py)
             self.search.progress(done, cfg.steps)  # the simulator's noise curriculum reads it
             acc = self.accelerator
             if self.overlap is not None:  # rows drawn and rolled out ahead (train/overlap.py)
@@ -425,7 +361,7 @@ class Trainer:
                    TextColumn("reward {task.fields[reward]}"), TextColumn("{task.fields[sps]} s/step"),
                    TimeElapsedColumn())
         show = self.accelerator.is_main_process
-        self._watch_steps()
+        watch_steps(self)
         if cfg.rollout_overlap:
             self._start_overlap()
         try:
@@ -452,30 +388,6 @@ class Trainer:
         self.close()  # before end_training: it destroys the process group the vLLM engine uses
         self.accelerator.end_training()
         return final
-
-    def _watch_steps(self) -> None:
-        """Let a signal abandon the running step where that is safe (train/signals.py): on one
-        process, or on DDP's main process, which can write a checkpoint alone. An optimizer
-        step marks the step committed: from then on its weights are not the last completed
-        step's."""
-        if self.stop is None:
-            return
-        acc = self.accelerator
-        self.abandons_steps = acc.num_processes == 1 or (distribution(acc) == "replicated" and acc.is_main_process)
-
-        def mark(*_: Any) -> None:
-            self.committed = True
-
-        for optimizer in (self.optimizer, self.critic_optimizer):
-            if optimizer is not None:
-                getattr(optimizer, "optimizer", optimizer).register_step_pre_hook(mark)
-
-    def _abandonable(self, step: int) -> Any:
-        """The part of step ``step`` a signal abandons at once (train/signals.py)."""
-        if not self.abandons_steps:
-            return nullcontext()
-        self.stop.announce = announce(self.stop, step, self.cfg.steps)
-        return self.stop.abandonable()
 
     def _start_overlap(self) -> None:
         from zsearch_cli.rollout.stream import RolloutStream
@@ -506,7 +418,7 @@ class Trainer:
                     raise abandon_step(self, step, stopped.signum, snapshot, self.committed) from None
                 except ZsearchError as err:  # e.g. the retriever died: say which step, and how to go on
                     err.args = (f"{err.args[0] if err.args else err} (in step {step}/{cfg.steps}; "
-                                f"{self._resume_hint()})",)
+                                f"{resume_hint(Path(cfg.run.out))})",)
                     raise
                 self._phase("")
                 lines.advance(1, reward=row["rollout/reward_mean"])
@@ -522,16 +434,6 @@ class Trainer:
                 if cfg.run.save_every and step % cfg.run.save_every == 0:
                     self.checkpoint(step)
         self.lines = None
-
-    def _resume_hint(self) -> str:
-        """What a run stopped by an error can go on from (issue 36.11)."""
-        try:
-            latest = latest_checkpoint(Path(self.cfg.run.out), note=lambda _: None)
-        except ZsearchError:
-            return "no complete checkpoint to resume from"
-        if latest is None:
-            return "no checkpoint to resume from (--save-every N writes them)"
-        return f"the newest checkpoint is {latest}: rerun the same command with --resume to go on from there"
 
     def _phase(self, text: str) -> None:
         if self.lines is not None:
