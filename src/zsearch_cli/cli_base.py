@@ -257,7 +257,13 @@ def one_line_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             if not kwargs.get("print_config"):
                 refuse_withheld(ctx, kwargs)
             check_ranges(ctx, kwargs)  # before any model loads
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
+                # one of `accelerate launch`'s processes, its work done and written: leave without the
+                # interpreter's teardown, where a C++ thread of the process group can abort (-6) a run
+                # that completed
+                _leave_now(0)
+            return result
         except ZsearchError as err:
             print_error(str(err))
             raise typer.Exit(2) from None
