@@ -140,10 +140,10 @@ RUN_FOLDERS = {"train", "eval", "sft", "simsft", "collect", "judge", "solve", "p
 FILE_SUFFIXES = {".parquet", ".jsonl", ".json", ".gz", ".csv", ".txt"}
 
 
-STOP_ON_SIGNAL = {"train": "between steps", "solve": "between steps", "eval": "now"}
+STOP_ON_SIGNAL = {"train": "abandon the step", "solve": "abandon the step", "eval": "now"}
 """Commands that turn SIGTERM / SIGINT into one line and resumable state (progress.py):
-training stops between two steps (checkpointing when due), eval at once (its rows are written
-after every batch)."""
+training abandons the running step and writes the last completed one when a checkpoint is due
+(train/signals.py), eval stops at once (its rows are written after every batch)."""
 
 
 def recorded_options(ctx: Any, values: dict[str, Any], given: dict[str, Any], by_param: dict[str, Option],
