@@ -15,9 +15,9 @@ from zsearch_cli.train.config import TrainConfig, check_config
 
 
 def _platform(monkeypatch, sleeps: bool) -> None:
-    """vLLM's current_platform, as models/vllm.py sees it: a GPU one that sleeps, or the CPU build's."""
+    """vLLM's current_platform, as models/vllm_setup.py sees it: a GPU one that sleeps, or the CPU build's."""
     fake = SimpleNamespace(is_sleep_mode_available=lambda: sleeps, device_type="cuda" if sleeps else "cpu")
-    monkeypatch.setattr("zsearch_cli.models.vllm.vllm_platform", lambda: fake)
+    monkeypatch.setattr("zsearch_cli.models.vllm_setup.vllm_platform", lambda: fake)
 
 
 def _refused(message: str, **overrides) -> None:

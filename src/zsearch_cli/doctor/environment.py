@@ -83,7 +83,7 @@ def check_environment(opts: Any) -> CheckResult:
             res.fail("--backend vllm but vLLM is not installed (pip install 'zsearch[gpu]'; offline: docs/offline.md)")
         else:
             from zsearch_cli.errors import ZsearchError
-            from zsearch_cli.models.vllm import check_vllm_version
+            from zsearch_cli.models.vllm_setup import check_vllm_version
 
             try:
                 check_vllm_version(vllm)

@@ -264,7 +264,7 @@ def check_config(cfg: TrainConfig) -> Any:
          "update on stale samples destabilises within a few steps; use --rollout-overlap 0")
     if cfg.run.vllm_sleep:  # the engine sleeps during each update (models/vllm.py, "Sleep mode")
         from zsearch_cli.models.factory import vllm_available
-        from zsearch_cli.models.vllm import check_sleep_mode
+        from zsearch_cli.models.vllm_setup import check_sleep_mode
 
         need(not cfg.rollout_overlap, f"--vllm-sleep {cfg.run.vllm_sleep} with --rollout-overlap: the engine rolls out "
              "the next steps during the update, so it cannot sleep then; use --vllm-sleep 0 or --rollout-overlap 0")
