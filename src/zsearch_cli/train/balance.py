@@ -5,14 +5,17 @@ the end of the backward: a step takes as long as the process with the most token
 agent's samples differ tenfold in length (one answers at once, another carries three blocks of
 passages), so the prompts a process happened to draw can leave the others waiting.
 
-The rule: before the update, every process sees every process's samples (one
-``gather_object``), and the prompt groups (all G samples of a prompt, which the group baseline
+The rule: before the update, every process sees every process's sample lengths (one small
+``gather_object`` of (group, tokens) pairs), and the prompt groups (all G samples of a prompt, which the group baseline
 reads together) are dealt again: longest group first (ties by their order), each to the process
 with the fewest tokens so far among those with room, where a process has room for as many
 samples as it drew (so every process keeps its sample count, and the sequence-mean losses, which
 DDP averages per process, stay the mean over the batch). The deal is the same on every process:
-it depends only on the gathered lengths. verl partitions single sequences (Karmarkar-Karp with
-equal sizes); zsearch moves whole groups, so its advantages need no gathering.
+it depends only on the gathered lengths. Then only the samples that change process travel (a
+second gather, of those alone, skipped when the deal moves nothing): a sample carries its token
+ids and logprobs, and at GPU batch sizes sending every sample to every process would cost more
+than the balance saves. verl partitions single sequences (Karmarkar-Karp with equal sizes);
+zsearch moves whole groups, so its advantages need no gathering.
 
 Which process holds a sample changes neither the loss nor the gradient (the mean is over the
 whole batch, tests/test_distributed.py), only the floating-point order of the sums.
@@ -60,28 +63,40 @@ class Dealt:
 def balance(samples: list[Any], rank: int, world: int, gather: Any) -> Dealt:
     """Deal the prompt groups of every process's ``samples`` (:class:`~zsearch_cli.train.step_samples.Sample`)
     by :func:`deal`; ``gather(obj)``: the list of every process's ``obj`` in rank order
-    (accelerate's ``gather_object`` of ``[obj]``). Unchanged where the deal is impossible."""
-    everyone = gather(samples)  # [world] lists
-    flat = [(r, i, s) for r, mine in enumerate(everyone) for i, s in enumerate(mine)]
+    (accelerate's ``gather_object`` of ``[obj]``, a collective every process calls alike).
+    Unchanged where the deal is impossible."""
+    mine_lengths = [(s.trajectory.group_id, len(s.trajectory.prompt_ids) + len(s.trajectory.response_ids))
+                    for s in samples]
+    everyone = gather(mine_lengths)  # [world] lists of (group id, tokens)
+    flat = [(r, i) for r, part in enumerate(everyone) for i in range(len(part))]
     keys: dict[Hashable, int] = {}
     members: list[list[int]] = []
-    for j, (r, _, s) in enumerate(flat):
-        key = (r, s.trajectory.group_id)  # a prompt's group lives on one process
+    for j, (r, i) in enumerate(flat):
+        key = (r, everyone[r][i][0])  # a prompt's group lives on one process
         if key not in keys:
             keys[key] = len(members)
             members.append([])
         members[keys[key]].append(j)
-    lengths = [len(s.trajectory.prompt_ids) + len(s.trajectory.response_ids) for _, _, s in flat]
+    lengths = [everyone[r][i][1] for r, i in flat]
     groups = [(sum(lengths[j] for j in m), len(m)) for m in members]
-    before = [sum(lengths[j] for j, (r, _, _) in enumerate(flat) if r == p) for p in range(world)]
-    owner = deal(groups, [len(mine) for mine in everyone])
+    before = [sum(lengths[j] for j, (r, _) in enumerate(flat) if r == p) for p in range(world)]
+    owner = deal(groups, [len(part) for part in everyone])
     if owner is None:
         return Dealt(list(samples), [(rank, i) for i in range(len(samples))], before, before)
     loads = [0] * world
+    goes_to = [0] * len(flat)
     for k, m in enumerate(members):
         loads[owner[k]] += groups[k][0]
-    mine = [j for k, m in enumerate(members) if owner[k] == rank for j in m]
-    return Dealt([flat[j][2] for j in mine], [(flat[j][0], flat[j][1]) for j in mine], loads, before)
+        for j in m:
+            goes_to[j] = owner[k]
+    received: dict[tuple[int, int], Any] = {}
+    if any(goes_to[j] != r for j, (r, _) in enumerate(flat)):  # the same answer on every process
+        leaving = [(i, samples[i]) for j, (r, i) in enumerate(flat) if r == rank and goes_to[j] != rank]
+        for r, part in enumerate(gather(leaving)):
+            received.update({(r, i): s for i, s in part})
+    dealt = [j for k, m in enumerate(members) if owner[k] == rank for j in m]
+    return Dealt([samples[flat[j][1]] if flat[j][0] == rank else received[flat[j]] for j in dealt],
+                 [flat[j] for j in dealt], loads, before)
 
 
 def send_home(values: list[Any], dealt: Dealt, rank: int, count: int, gather: Any) -> list[Any]:
