@@ -131,7 +131,9 @@ def test_validation_on_a_merged_file_writes_per_source_summaries(tmp_path, tiny_
                                                          "nq_2": "test/nq"}
     summaries = {s["dataset"]: s for s in read_artifact(tmp_path / "run/val/step-000001.summary.parquet",
                                                         EVAL_SUMMARY).to_pylist()}
-    assert {k: s["n"] for k, s in summaries.items()} == {"test/nq": 2, "test/hotpotqa": 1}
+    # one row per source, then both labelled averages over them (tests/test_averages.py)
+    assert {k: s["n"] for k, s in summaries.items()} == {"test/nq": 2, "test/hotpotqa": 1, "avg (plain)": 3,
+                                                         "avg (weighted by n)": 3}
     for key, ids in (("test/nq", ("nq_1", "nq_2")), ("test/hotpotqa", ("hp_1",))):
         assert summaries[key]["em"] == pytest.approx(sum(e["em"] for e in examples if e["id"] in ids) / len(ids))
     assert metrics["val/em"] == pytest.approx(sum(e["em"] for e in examples) / 3)  # pooled, as the line says

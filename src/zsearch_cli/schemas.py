@@ -179,8 +179,19 @@ EVAL_SUMMARY = Artifact(
         # without a matching audit.
         ("audit_answerable", pa.float64()),
         ("audit_recall", pa.float64()),
+        # Averages over datasets (zsearch_cli/averages.py): a row with `average` set ("plain" or
+        # "weighted by n"; dataset = its label, "avg (plain)") averages `datasets`, whose scored
+        # counts (the weights) and EMs are `sizes` and `dataset_em`, in that order; n is their
+        # sum. null on a dataset's own row.
+        ("average", _str),
+        ("standard_n", pa.int64()),  # the standard test-set size of the benchmark(s); null for other data
+        ("datasets", _strs),
+        ("sizes", pa.list_(pa.int64())),
+        ("dataset_em", pa.list_(pa.float64())),
     ]),
-    optional=_PROTOCOL_NAMES | {"missing", "audit_answerable", "audit_recall"},  # summaries written before these existed
+    # summaries written before these existed
+    optional=_PROTOCOL_NAMES | {"missing", "audit_answerable", "audit_recall", "average", "standard_n", "datasets",
+                                "sizes", "dataset_em"},
 )
 
 PREDICTIONS = Artifact(
@@ -261,8 +272,10 @@ METRIC_COLUMNS: tuple[str, ...] = (
     # how many pass, and how many proposals of each hop count the step drew.
     "proposer/difficulty", "proposer/format_reward", "proposer/solver_k", "proposer/gate_pass",
     "proposer/hops_1", "proposer/hops_2", "proposer/hops_3", "proposer/hops_4",
-    # val/: --val-data, greedy validation of the policy after this step, on a real search engine.
-    "val/em", "val/f1", "val/subem",
+    # val/: --val-data, greedy validation of the policy after this step, on a real search engine;
+    # over several data_source values val/em is the pooled mean, avg (weighted by n), and
+    # em_plain avg (plain), each source once (zsearch_cli/averages.py).
+    "val/em", "val/f1", "val/subem", "val/em_plain",
     # time/: seconds; sync (--backend vllm, inside update) pushes the weights into the engine.
     "time/rollout", "time/reward", "time/update", "time/sync", "time/val", "time/step",
 )  # fmt: skip

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 import pyarrow as pa
 
+from zsearch_cli.averages import standard_size
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.rewards import score_answer
 from zsearch_cli.rollout.trajectory import Trajectory
@@ -42,6 +43,7 @@ def summarize(examples: pa.Table, dataset: str, method: str, model: str, missing
         "em": mean(d["em"]), "f1": mean(d["f1"]), "subem": mean(d["subem"]),
         "answered": mean([p is not None for p in d["prediction"]]),
         "avg_searches": mean(d["searches"]), "avg_turns": mean(d["turns"]), "avg_tokens": mean(d["tokens"]),
+        "standard_n": standard_size(dataset),  # beside n, which the averages weight by (averages.py)
     }
 
 

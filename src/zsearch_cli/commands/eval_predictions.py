@@ -9,6 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from zsearch_cli.averages import average_rows, write_averages
 from zsearch_cli.commands.eval_report import console, print_summaries
 from zsearch_cli.data.datasets import POOLED
 from zsearch_cli.data.qa import NO_GROUPING, dataset_key, group_labels, load_qa, source_keyed_ids, split_groups
@@ -121,5 +122,7 @@ def score_predictions(path: Path, qa_path: Path | None, out: Path, config: dict[
         write_artifact([summary], folder / "predictions.summary.parquet", EVAL_SUMMARY, config, protocol.as_dict())
         summaries.append(summary)
         protocols.append(protocol)
-    print_summaries(summaries, protocols)
+    averages = average_rows(summaries, leave_out={f"{key}/{POOLED}"})  # its questions are the others'
+    write_averages(out, averages, config)
+    print_summaries(summaries, protocols, averages)
     return summaries

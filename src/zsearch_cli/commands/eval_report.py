@@ -10,6 +10,7 @@ from typing import Any, Sequence
 from rich.console import Console
 from rich.table import Table
 
+from zsearch_cli.averages import KINDS, label, legend, n_cell
 from zsearch_cli.protocol import Protocol
 from zsearch_cli.schemas import EVAL_SUMMARY, read_artifact
 
@@ -18,26 +19,30 @@ from zsearch_cli.schemas import EVAL_SUMMARY, read_artifact
 console = Console(stderr=True, width=None if sys.stderr.isatty() else 140)
 
 
-def print_summaries(summaries: Sequence[dict[str, Any]], protocols: Sequence[Protocol] = ()) -> None:
-    """The table, then one protocol line per distinct protocol (a subset is marked in n)."""
+def print_summaries(summaries: Sequence[dict[str, Any]], protocols: Sequence[Protocol] = (),
+                    averages: Sequence[dict[str, Any]] = ()) -> None:
+    """The table (each set's n beside its EM; a subset is marked in n), its average rows
+    labelled ``avg (plain)`` / ``avg (weighted by n)`` with a legend (averages.py), then
+    one protocol line per distinct protocol."""
     if not summaries:
         return
     table = Table(title="zsearch eval")
     audited = any(s.get("audit_answerable") is not None for s in summaries)  # `zsearch audit`: the ceiling
-    for col in ("dataset", "method", "n", "missing", "EM", *(("ceiling", f"R@{summaries[0].get('topk')}") if audited
-                                                             else ()), "F1", "subEM",
+    for col in ("dataset", "method", "n", "EM", *(("ceiling", f"R@{summaries[0].get('topk')}") if audited
+                                                  else ()), "F1", "subEM", "missing",
                 "answered", "searches", "turns"):
         # fold, never cut with an ellipsis: a dataset key must stay readable in a narrow terminal
         table.add_column(col, justify="left" if col in ("dataset", "method") else "right", overflow="fold")
-    for s in summaries:
-        n = f"{s['n']}" + ("" if s.get("full_set", True) else f" (--limit {s.get('limit')})")
+    rows = [*summaries, *averages]
+    for i, s in enumerate(rows):
         ceiling = [f"{v:.3f}" if v is not None else "-" for v in (s.get("audit_answerable"), s.get("audit_recall"))]
-        table.add_row(s["dataset"], s["method"], n, str(s.get("missing", 0)), f"{s['em']:.3f}",
-                      *(ceiling if audited else ()), f"{s['f1']:.3f}",
-                      f"{s['subem']:.3f}", f"{s['answered']:.2f}", f"{s['avg_searches']:.2f}", f"{s['avg_turns']:.2f}")
+        table.add_row(s["dataset"], s["method"], n_cell(s), f"{s['em']:.3f}",
+                      *(ceiling if audited else ()), f"{s['f1']:.3f}", f"{s['subem']:.3f}", str(s.get("missing", 0)),
+                      f"{s['answered']:.2f}", f"{s['avg_searches']:.2f}", f"{s['avg_turns']:.2f}",
+                      end_section=i == len(summaries) - 1 and bool(averages))
     stdout = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 140)  # a log: 140, not 80, columns
     stdout.print(table)
-    lines = []
+    lines = legend(averages)
     for p in protocols:
         if p.decoding == "unknown":
             line = (f"protocol: predictions scored with metric {p.metric_version}; model, retriever and decoding "
@@ -51,16 +56,18 @@ def print_summaries(summaries: Sequence[dict[str, Any]], protocols: Sequence[Pro
 
 
 def plot_em(out: Path) -> Path | None:
-    """A bar chart of EM per dataset, one bar per method, from every summary under ``out``."""
+    """A bar chart of EM per dataset, one bar per method, from every summary under ``out``;
+    the averages (OUT/METHOD.averages.summary.parquet) last, under the table's labels."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [read_artifact(p, EVAL_SUMMARY).to_pylist()[0] for p in sorted(out.rglob("*.summary.parquet"))]
+    rows = [r for p in sorted(out.rglob("*.summary.parquet")) for r in read_artifact(p, EVAL_SUMMARY).to_pylist()]
     if not rows:
         return None
-    datasets = sorted({r["dataset"] for r in rows})
+    kinds = {r["average"] for r in rows if r.get("average")}
+    datasets = sorted({r["dataset"] for r in rows if not r.get("average")}) + [label(k) for k in KINDS if k in kinds]
     methods = sorted({r["method"] for r in rows})
     width = 0.8 / len(methods)
     fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(datasets) * len(methods)), 3.5))

@@ -19,6 +19,10 @@ OUT are reused only when every option that changes a result and the protocol
 equal the saved ones; the options that may differ are those marked
 ``execution`` on their fields (which rows, where, how batched). Otherwise the run is refused
 in one line naming what differs.
+
+Over two or more datasets, each method also gets both averages, labelled (``avg (plain)``,
+``avg (weighted by n)``; :mod:`zsearch_cli.averages`), printed under the table and written to
+OUT/METHOD.averages.summary.parquet.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
+from zsearch_cli.averages import average_rows, write_averages
 from zsearch_cli.commands.eval_report import console, plot_em, print_summaries
 from zsearch_cli.config.commands import EvalOptions
 from zsearch_cli.config.fields import check_options, execution_options, to_flat
@@ -210,7 +215,10 @@ def evaluate(opts: EvalOptions, config: dict[str, Any]) -> list[dict[str, Any]]:
         write_artifact([summary], out_examples.with_name(f"{method}.summary.parquet"), EVAL_SUMMARY, config, record)
         summaries.append(summary)
         plan.add(probe, name, summary, rows)
-    print_summaries(summaries, [protocols[s["dataset"]] for s in summaries])
+    # both averages, labelled, per method: a KEY/pooled row would count its questions twice
+    averages = average_rows(summaries, leave_out={d.key for d, _ in qa_tables if d.pools})
+    write_averages(opts.out, averages, config)
+    print_summaries(summaries, [protocols[s["dataset"]] for s in summaries], averages)
     plan.report(opts.out, config)
     plot_em(opts.out)
     return summaries

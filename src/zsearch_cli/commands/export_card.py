@@ -22,6 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from zsearch_cli.averages import PLAIN_LABEL, WEIGHTED_LABEL, n_cell
 from zsearch_cli.models.loading import SMOLLM2_ALIAS, SMOLLM2_GGUF, WARM_ALIAS
 from zsearch_cli.protocol import adapter_layers
 
@@ -93,9 +94,14 @@ def model_card(info: dict[str, Any], evals: list[dict[str, Any]], out_name: str)
                   f"{cfg.get('max_turn_tokens')}, per observation: {cfg.get('max_obs_tokens')}",
                   f"- train data: `{cfg.get('train_data') or cfg.get('data') or 'the bundled demo split'}`"]
     if evals:
+        # the averages after the sets they average, under the eval table's labels (averages.py)
+        evals = sorted(evals, key=lambda r: r.get("average") is not None)
         lines += ["", "## Evaluation", "", "| dataset | method | model | n | EM | F1 |", "|---|---|---|---|---|---|"]
         lines += [f"| {r['dataset']} | {r['method']} | {_evaluated_name(r)} | "
-                  f"{r['n']} | {r['em']:.3f} | {r['f1']:.3f} |" for r in evals]
+                  f"{n_cell(r)} | {r['em']:.3f} | {r['f1']:.3f} |" for r in evals]
+        if any(r.get("average") for r in evals):
+            lines += ["", f"{PLAIN_LABEL}: the mean over the sets, each counted once; {WEIGHTED_LABEL}: each set "
+                      "weighted by n, the questions scored from its file (their pooled mean)."]
     alias_adapter = kind == "LoRA adapter" and base["name"] in ALIAS_NOTES
     lines += ["", "## Loading", ""]
     if alias_adapter:

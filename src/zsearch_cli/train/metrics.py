@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from zsearch_cli.averages import PLAIN_LABEL, WEIGHTED_LABEL
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.protocol import Protocol, training_protocol
 from zsearch_cli.schemas import METRIC_COLUMNS, METRICS, read_artifact, write_artifact
@@ -20,7 +21,7 @@ if TYPE_CHECKING:  # `zsearch plot` reads metrics without importing torch
 
 PLOTTED = ("rollout/reward_mean", "rollout/em", "rollout/f1", "actor/kl_ref", "actor/entropy", "actor/clipfrac",
            "actor/grad_norm", "actor/lr", "rollout/response_length", "rollout/searches", "filter/kept_frac",
-           "rollout/logp_mismatch", "critic/vf_loss", "search/noise_p", "val/em", "val/f1", "time/step",
+           "rollout/logp_mismatch", "critic/vf_loss", "search/noise_p", "val/em", "val/em_plain", "val/f1", "time/step",
            "proposer/difficulty", "proposer/format_reward", "proposer/solver_k", "proposer/gate_pass",
            "rollout/truncated_frac", "rollout/garbage_frac", "rollout/repeat_frac", "rollout/no_search_rate",
            "rollout/answer_in_context", "rollout/repeated_query_rate", "rollout/answer_tokens")
@@ -212,6 +213,9 @@ def plot_metrics(run_dir: Path, out: Path | None = None, title: str | None = Non
             if marks.get(step) != "rollback":
                 marks[step] = action
     names = [n for n in PLOTTED if any(r.get(n) is not None for r in rows)]
+    # over several sources val/em is one of two averages: each panel says which, as the tables do
+    titles = ({"val/em": f"val/em: {WEIGHTED_LABEL}", "val/em_plain": f"val/em_plain: {PLAIN_LABEL}"}
+              if "val/em_plain" in names else {})
     cols = 3
     nrows = max(1, -(-len(names) // cols))
     fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 2.6 * nrows), squeeze=False)
@@ -222,7 +226,7 @@ def plot_metrics(run_dir: Path, out: Path | None = None, title: str | None = Non
             rollback = action == "rollback"
             ax.axvline(step, color="purple" if rollback else "red", linestyle="-" if rollback else "--",
                        linewidth=1.0, alpha=0.6)
-        ax.set_title(name, fontsize=10)
+        ax.set_title(titles.get(name, name), fontsize=10)
         ax.set_xlabel("step", fontsize=8)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
         ax.grid(alpha=0.3)

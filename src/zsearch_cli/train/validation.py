@@ -13,10 +13,11 @@ OUT/val/step-N.examples.parquet (EVAL_EXAMPLE) and returns ``val/em``, ``val/f1`
 ``val/subem`` (and ``time/val``) for the step's metrics row.
 
 A validation file that holds several ``data_source`` values (Search-R1's merged test file)
-is still validated in one pass, and ``val/em`` is the pooled mean over its questions, as the
-start-up line says; each example's ``dataset`` is then NAME/SOURCE, and
-OUT/val/step-N.summary.parquet holds one EVAL_SUMMARY row per source, the numbers a paper's
-per-dataset table compares with.
+is still validated in one pass, and ``val/em`` is the pooled mean over its questions, i.e.
+``avg (weighted by n)`` (zsearch_cli/averages.py), as the start-up line says; ``val/em_plain``
+is ``avg (plain)``, each source counted once. Each example's ``dataset`` is then NAME/SOURCE,
+and OUT/val/step-N.summary.parquet holds one EVAL_SUMMARY row per source, the numbers a
+paper's per-dataset table compares with, and the two labelled average rows.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 
 import torch
 
+from zsearch_cli.averages import PLAIN_LABEL, WEIGHTED_LABEL, average_rows, mean
 from zsearch_cli.scoring import evaluate_engine, summarize
 from zsearch_cli.rollout.engine import QARow
 from zsearch_cli.train.config import TrainConfig, validation_search
@@ -94,11 +96,19 @@ class Validator:
             if ex["id"] in self.sources:
                 ex["dataset"] = f"{self.dataset}/{self.sources[ex['id']]}"
         totals = [summary[k] * summary["n"] if summary else 0.0 for k in SCORES] + [float(len(examples))]
+        labels = sorted(set(self.sources.values()))  # the same on every process: one reduce adds them up
+        for source in labels:  # each source's EM sum and count, for the plain mean over sources
+            mine = [ex["em"] for ex in examples if self.sources.get(ex["id"]) == source]
+            totals += [float(sum(mine)), float(len(mine))]
         if world > 1:
             totals = acc.reduce(torch.tensor(totals, dtype=torch.float64, device=acc.device), "sum").tolist()
         self._write(step, examples, rank, world)
-        n = max(totals[-1], 1.0)
-        return {**{f"val/{k}": totals[i] / n for i, k in enumerate(SCORES)}, "time/val": time.perf_counter() - t0}
+        n = max(totals[len(SCORES)], 1.0)
+        out = {f"val/{k}": totals[i] / n for i, k in enumerate(SCORES)}  # pooled: avg (weighted by n)
+        per = totals[len(SCORES) + 1:]
+        if len(labels) > 1:
+            out["val/em_plain"] = mean([per[2 * i] / per[2 * i + 1] for i in range(len(labels))], [1] * len(labels))
+        return {**out, "time/val": time.perf_counter() - t0}
 
     def _write(self, step: int, examples: list[dict[str, Any]], rank: int, world: int) -> None:
         from zsearch_cli.schemas import EVAL_EXAMPLE, EVAL_SUMMARY, rows_to_table, write_artifact
@@ -114,8 +124,8 @@ class Validator:
                 by_source.setdefault(ex["dataset"], []).append(ex)
             summaries = [summarize(rows_to_table(rows, EVAL_EXAMPLE, path), name, "agent", self.cfg.policy.model)
                          for name, rows in by_source.items()]
-            write_artifact(summaries, path.with_name(path.name.replace(".examples.", ".summary.")), EVAL_SUMMARY,
-                           self.cfg.to_dict())
+            write_artifact(summaries + average_rows(summaries),  # both labelled averages over the sources
+                           path.with_name(path.name.replace(".examples.", ".summary.")), EVAL_SUMMARY, self.cfg.to_dict())
 
 
 def _sources(spec: str, ids: set[str]) -> dict[str, str]:
@@ -131,6 +141,7 @@ def _sources(spec: str, ids: set[str]) -> dict[str, str]:
             out.update({i: label for i in sub.column("id").to_pylist() if i in ids})
         if groups:
             print(f"validation: {path} holds {len(groups)} data_source values "
-                  f"({', '.join(g for g, _ in groups)}): val/em is their pooled mean; per-source scores go to "
-                  "OUT/val/step-N.summary.parquet", flush=True)
+                  f"({', '.join(g for g, _ in groups)}): val/em is their pooled mean, {WEIGHTED_LABEL}; "
+                  f"val/em_plain is {PLAIN_LABEL}; per-source scores go to OUT/val/step-N.summary.parquet",
+                  flush=True)
     return out
