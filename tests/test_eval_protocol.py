@@ -246,12 +246,12 @@ def test_metric_definition_matches_its_version():
 def test_train_and_eval_share_one_resume_rule():
     from zsearch_cli.protocol import differing
     from zsearch_cli.commands import evaluate
-    from zsearch_cli.train import sft, trainer
+    from zsearch_cli.train import setup, sft
 
     # every key of `now` that differs and may not change is named, old -> new; a key the saved
     # run lacks counts as differing (None -> value)
     assert differing({"a": 1, "b": 2}, {"a": 1, "b": 3, "c": 4, "d": 5}, {"c"}) == ["b=2->3", "d=None->5"]
-    assert trainer.differing is sft.differing is evaluate.differing is differing
+    assert setup.differing is sft.differing is evaluate.differing is differing
 
 
 def test_the_first_run_on_a_machine_names_the_default_models_revision(tmp_path, tiny_model_dir, monkeypatch):
