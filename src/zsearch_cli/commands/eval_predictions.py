@@ -5,7 +5,7 @@ metric, per dataset, as ``zsearch eval`` scores a model (split by ``--group-by``
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 
@@ -16,7 +16,7 @@ from zsearch_cli.data.qa import NO_GROUPING, dataset_key, group_labels, load_qa,
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.protocol import METRIC_VERSION, Protocol, file_fingerprint
 from zsearch_cli.rewards import score_answer
-from zsearch_cli.schemas import (EVAL_EXAMPLE, EVAL_SUMMARY, PREDICTIONS, file_kind, iter_jsonl, jsonl_rows,
+from zsearch_cli.schemas import (EVAL_EXAMPLE, EVAL_SUMMARY, PREDICTIONS, file_kind, jsonl_rows,
                                  read_parquet, rows_to_table, validate, write_artifact)
 from zsearch_cli.scoring import dataset_dir, summarize
 
@@ -32,21 +32,29 @@ def predictions_protocol(path: Path, key: str, qa_path: Path | None) -> Protocol
                     split=None, limit=None, full_set=True)
 
 
-def _read_predictions(path: Path) -> pa.Table:
+def _read_predictions(path: Path) -> tuple[pa.Table, Callable[[str], list[Any] | None]]:
     """The predictions file, validated; ids keyed by (data_source, id) where the file holds
-    several sources whose ids repeat (as Search-R1's merged test file does: data/qa.py)."""
+    several sources whose ids repeat (as Search-R1's merged test file does: data/qa.py). Also
+    a reader of any other column of the file as read (``--group-by``'s), in file order, or None
+    where the file has no such column: the file is read once."""
     if file_kind(path) == "parquet":
-        table = read_parquet(path)
+        table = raw = read_parquet(path)
+
+        def column(name: str) -> list[Any] | None:
+            return raw.column(name).to_pylist() if name in raw.column_names else None
     else:
         rows = jsonl_rows(path, PREDICTIONS)
         sources = [r.get("data_source") for r in rows]
         table = rows_to_table(rows, PREDICTIONS, path).append_column("data_source", pa.array(
             [None if v in (None, "") else str(v) for v in sources], pa.string()))
+
+        def column(name: str) -> list[Any] | None:
+            return [r.get(name) for r in rows]
     if "data_source" in table.column_names and "id" in table.column_names:
         keyed = source_keyed_ids(table.column("id").to_pylist(), table.column("data_source").to_pylist())
         if keyed is not None:
             table = table.set_column(table.column_names.index("id"), "id", pa.array(keyed, pa.string()))
-    return validate(table, PREDICTIONS, path)
+    return validate(table, PREDICTIONS, path), column
 
 
 def score_predictions(path: Path, qa_path: Path | None, out: Path, config: dict[str, Any],
@@ -56,7 +64,7 @@ def score_predictions(path: Path, qa_path: Path | None, out: Path, config: dict[
     counts: one without a prediction scores 0 and is counted as ``missing``. Split by
     ``group_by`` as :func:`evaluate` splits a file (the QA file's labels when given, else the
     predictions file's own column); returns one summary per dataset."""
-    preds = _read_predictions(path)
+    preds, raw_column = _read_predictions(path)
     key = dataset_key(path, None)[0]
     golds: dict[str, list[str]] = {}
     questions: dict[str, str] = {}
@@ -70,13 +78,9 @@ def score_predictions(path: Path, qa_path: Path | None, out: Path, config: dict[
         """id -> the value of ``column``: the QA file's when given, else the predictions file's own."""
         if qa is not None:
             return dict(zip(qa.column("id").to_pylist(), group_labels(qa_path, qa, column)))
-        if file_kind(path) == "parquet":
-            raw = read_parquet(path)
-            if column not in raw.column_names:
-                return {}
-            values = raw.column(column).to_pylist()
-        else:
-            values = [o.get(column) for _, o in iter_jsonl(path)]
+        values = raw_column(column)
+        if values is None:
+            return {}
         # in file order, as the ids (maybe source-keyed)
         return dict(zip(preds.column("id").to_pylist(), [None if v in (None, "") else str(v) for v in values]))
 
