@@ -27,8 +27,8 @@ class IndexOptions(Options):
     """Corpus jsonl(.gz)/Parquet [the bundled demo corpus]."""
     out: Path = option(Path("runs/index"), flags=("--out", "-o"), aliases=("output_dir",))
     """Index directory to write."""
-    kind: str = "bm25"
-    """Comma list of bm25, dense (hybrid = bm25,dense)."""
+    kind: Optional[str] = None
+    """Comma list of bm25, dense (hybrid = bm25,dense) [bm25; dense with --adopt-faiss]."""
     bm25_backend: str = "bm25s"
     """bm25s (fast, default) or rank-bm25 (reference)."""
     bm25_preset: str = "zsearch"
@@ -44,6 +44,13 @@ class IndexOptions(Options):
     """Stopword list: 'en' (Lucene's 33) or 'none' [en]."""
     encoder: str = "minilm"
     """Dense encoder: HF id or local path; 'minilm' is the bundled default."""
+    query_prefix: Optional[str] = None
+    """Text put before each query for the encoder; '' for none ['query: ' for e5 encoders, else none]."""
+    passage_prefix: Optional[str] = None
+    """Text put before each passage for the encoder; '' for none ['passage: ' for e5 encoders, else none]."""
+    adopt_faiss: Optional[Path] = None
+    """An existing faiss Flat inner-product index of --encoder's embeddings of CORPUS (Search-R1's e5_Flat.index)
+    as the dense part, checked on a sample, memory-mapped and never copied, instead of encoding [none: encode]."""
     faiss_type: str = "Flat"
     """faiss index: Flat, HNSW32, IVF{n},PQ{m} (e.g. IVF1024,PQ64)."""
     batch_size: int = option(128, range=AT_LEAST_1)

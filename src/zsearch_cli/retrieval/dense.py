@@ -27,6 +27,8 @@ from zsearch_cli.errors import ZsearchError
 MINILM = "minilm"
 EMBEDDINGS = "embeddings.npy"
 FAISS_FILE = "index.faiss"
+E5_PREFIXES = ("query: ", "passage: ")
+"""E5's (query, passage) prefixes, the default for encoders whose name contains ``e5``."""
 _ADD_CHUNK = 65_536
 
 
@@ -65,7 +67,8 @@ class Encoder:
     """A sentence encoder; ``encode`` is thread-safe (one lock around tokenizer + model,
     because HF fast tokenizers fail with 'Already borrowed' under concurrent use)."""
 
-    def __init__(self, name: str, device: str = "auto", max_length: int = 256, batch_size: int = 128):
+    def __init__(self, name: str, device: str = "auto", max_length: int = 256, batch_size: int = 128,
+                 query_prefix: str | None = None, passage_prefix: str | None = None):
         import torch
         from transformers import AutoModel, AutoTokenizer
 
@@ -74,7 +77,9 @@ class Encoder:
         self.device = pick_device(device)
         self.max_length = max_length
         self.batch_size = batch_size
-        self.prefixes = ("query: ", "passage: ") if "e5" in name.lower() else ("", "")
+        default = E5_PREFIXES if "e5" in name.lower() else ("", "")  # None: by name; "" is no prefix
+        self.prefixes = (default[0] if query_prefix is None else query_prefix,
+                         default[1] if passage_prefix is None else passage_prefix)
         # fp32 on CPU (fp16 matmuls there are slow and lossy); half precision on GPU.
         dtype = torch.float16 if self.device.startswith("cuda") else torch.float32
         kwargs: dict = {"dtype": dtype}
@@ -220,7 +225,13 @@ class DenseSearcher:
         self.encoder = Encoder(info["encoder_path"] if Path(info["encoder_path"]).exists() else info["encoder"],
                                device=self.device, max_length=info["max_length"], batch_size=batch_size)
         self.encoder.prefixes = tuple(info["prefixes"])  # as built, even if the path was renamed
-        self.index = faiss.read_index(str(directory / FAISS_FILE))
+        adopted = info.get("adopted")  # zsearch index --adopt-faiss: a file outside the index, checked and mapped
+        if adopted:
+            from zsearch_cli.retrieval.faiss_file import open_adopted
+
+            self.index = open_adopted(adopted, directory.parent)
+        else:
+            self.index = faiss.read_index(str(directory / FAISS_FILE))
         spec = info["faiss_type"]
         params = faiss.ParameterSpace()
         if spec.startswith("HNSW"):
@@ -233,11 +244,21 @@ class DenseSearcher:
             if hasattr(faiss, "StandardGpuResources") and faiss.get_num_gpus() > 0:
                 try:
                     self._gpu_res = faiss.StandardGpuResources()
-                    self.index = faiss.index_cpu_to_gpu(self._gpu_res, 0, self.index)
+                    if adopted:  # fp16 on the GPU, as Search-R1's server: ~32 GB for 21M x 768, not 64
+                        from zsearch_cli.retrieval.faiss_file import gpu_cloner_options
+
+                        self.index = faiss.index_cpu_to_gpu(self._gpu_res, 0, self.index, gpu_cloner_options())
+                    else:
+                        self.index = faiss.index_cpu_to_gpu(self._gpu_res, 0, self.index)
                 except RuntimeError:  # e.g. HNSW has no GPU version: stay on CPU
                     pass
             elif spec == "Flat":
-                self._torch_flat = _TorchFlat(np.load(directory / EMBEDDINGS, mmap_mode="r"), self.device)
+                if adopted:  # no embeddings.npy: the mapped file's own vectors, copied to the GPU chunk by chunk
+                    from zsearch_cli.retrieval.faiss_file import flat_vectors
+
+                    self._torch_flat = _TorchFlat(flat_vectors(self.index), self.device)
+                else:
+                    self._torch_flat = _TorchFlat(np.load(directory / EMBEDDINGS, mmap_mode="r"), self.device)
         self._lock = threading.Lock()
 
     def search(self, queries: Sequence[str], k: int) -> tuple[np.ndarray, np.ndarray]:

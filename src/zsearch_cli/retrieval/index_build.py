@@ -29,6 +29,7 @@ DEFAULTS: dict[str, Any] = {
     "kind": "bm25", "bm25_backend": "bm25s", "bm25_preset": "zsearch", "k1": 1.2, "b": 0.75,
     "stemmer": "english", "stopwords": "en", "analyzer": "simple", "bm25_norms": "exact",
     "encoder": "minilm", "faiss_type": "Flat", "batch_size": 128, "max_length": 256, "device": "auto",
+    "query_prefix": None, "passage_prefix": None, "adopt_faiss": None,
 }
 BM25_PRESETS: dict[str, dict[str, Any]] = {
     "zsearch": {},
@@ -68,6 +69,10 @@ def resolve_options(options: dict[str, Any] | None) -> dict[str, Any]:
     if preset not in BM25_PRESETS:
         raise ZsearchError(f"unknown BM25 preset {preset!r} (choose from: {', '.join(BM25_PRESETS)})")
     opts = {**DEFAULTS, **BM25_PRESETS[preset], **given}
+    if opts["adopt_faiss"] is not None:
+        opts["adopt_faiss"] = str(opts["adopt_faiss"])  # a Path from a library caller; the manifest is JSON
+    if opts["adopt_faiss"] and "kind" not in given:
+        opts["kind"] = "dense"  # --adopt-faiss alone: the adopted part only; --kind hybrid adds BM25
     opts["kind"] = ",".join(parse_kinds(opts["kind"]))
     if opts["bm25_norms"] not in ("exact", "lucene"):
         raise ZsearchError(f"unknown BM25 length norms {opts['bm25_norms']!r} (choose from: exact, lucene)")
@@ -152,6 +157,12 @@ def build_index(corpus: Path | None, out: Path, options: dict) -> Path:
         resolve_encoder(opts["encoder"])
         check_faiss_type(opts["faiss_type"].strip())
         pick_device(opts["device"])
+    adoption = None
+    if opts["adopt_faiss"]:  # the file's header against the encoder, before the corpus is read
+        from zsearch_cli.retrieval.adopt import Adoption, adopt_kinds
+
+        adopt_kinds(kinds, opts["adopt_faiss"])
+        adoption = Adoption(opts)
     from zsearch_cli.files import new_folder_beside, swap_in
 
     tmp = new_folder_beside(out)  # the folder rule (files.py): beside, aside, in, removed; stale temps cleaned
@@ -167,16 +178,19 @@ def build_index(corpus: Path | None, out: Path, options: dict) -> Path:
             "corpus": {"fingerprint": fingerprint, "source": str(src), "file": CORPUS_FILE},
             "params": opts,
         }
+        if adoption is not None:  # against the corpus now, not after BM25's hour on wiki-18
+            manifest["dense"] = adoption.adopt(tmp / CORPUS_FILE, n_docs, tmp / "dense")
         if tokenizer is not None:
             from zsearch_cli.retrieval.bm25 import build_bm25
 
             manifest["bm25"] = build_bm25(corpus_batches(tmp / CORPUS_FILE), n_docs, tmp / "bm25", tokenizer,
                                           float(opts["k1"]), float(opts["b"]), opts["bm25_backend"], _progress,
                                           norms=opts["bm25_norms"])
-        if "dense" in kinds:
+        if "dense" in kinds and adoption is None:
             from zsearch_cli.retrieval.dense import Encoder, build_dense
 
-            encoder = Encoder(opts["encoder"], opts["device"], int(opts["max_length"]), int(opts["batch_size"]))
+            encoder = Encoder(opts["encoder"], opts["device"], int(opts["max_length"]), int(opts["batch_size"]),
+                              query_prefix=opts["query_prefix"], passage_prefix=opts["passage_prefix"])
             with _progress(f"encode ({encoder.device})", n_docs) as advance:
                 manifest["dense"] = build_dense(corpus_batches(tmp / CORPUS_FILE), n_docs, tmp / "dense",
                                                 encoder, opts["faiss_type"], advance)
