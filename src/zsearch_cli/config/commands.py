@@ -57,6 +57,9 @@ class IndexOptions(Options):
     """Encoder batch size."""
     max_length: int = option(256, range=AT_LEAST_1)
     """Encoder max tokens per passage."""
+    encode_slice: int = option(16384, range=AT_LEAST_1)
+    """Passages per dense-encode slice: sorted by length on its own, the unit that processes of `accelerate
+    launch` share and that a rerun resumes (docs/methods.md §7.1)."""
 
 
 @dataclass(kw_only=True)

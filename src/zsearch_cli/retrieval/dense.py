@@ -206,6 +206,11 @@ def build_dense(
     emb.flush()
     index = build_faiss(emb, spec)
     faiss.write_index(index, str(out / FAISS_FILE))
+    return dense_info(encoder, spec, faiss_type)
+
+
+def dense_info(encoder: Encoder, spec: str, faiss_type: str) -> dict:
+    """The manifest's ``dense`` entry (also written by encode_shards.py, the build `zsearch index` runs)."""
     return {"encoder": encoder.name, "encoder_path": encoder.path, "dim": encoder.dim,
             "max_length": encoder.max_length, "prefixes": list(encoder.prefixes),
             "faiss_type": spec, "faiss_type_requested": faiss_type, "pooling": "mean", "normalize": True}

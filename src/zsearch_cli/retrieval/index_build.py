@@ -30,6 +30,7 @@ DEFAULTS: dict[str, Any] = {
     "stemmer": "english", "stopwords": "en", "analyzer": "simple", "bm25_norms": "exact",
     "encoder": "minilm", "faiss_type": "Flat", "batch_size": 128, "max_length": 256, "device": "auto",
     "query_prefix": None, "passage_prefix": None, "adopt_faiss": None,
+    "encode_slice": 16_384,
 }
 BM25_PRESETS: dict[str, dict[str, Any]] = {
     "zsearch": {},
@@ -82,7 +83,7 @@ def resolve_options(options: dict[str, Any] | None) -> dict[str, Any]:
         raise ZsearchError(f"unknown BM25 backend {opts['bm25_backend']!r} (choose from: {', '.join(BACKENDS)})")
     if not float(opts["k1"]) >= 0 or not 0 <= float(opts["b"]) <= 1:
         raise ZsearchError(f"BM25 needs k1 >= 0 and 0 <= b <= 1 (got k1={opts['k1']}, b={opts['b']})")
-    for key in ("batch_size", "max_length"):
+    for key in ("batch_size", "max_length", "encode_slice"):
         if int(opts[key]) < 1:
             raise ZsearchError(f"{key} must be at least 1 (got {opts[key]})")
     return opts
@@ -163,6 +164,11 @@ def build_index(corpus: Path | None, out: Path, options: dict) -> Path:
 
         adopt_kinds(kinds, opts["adopt_faiss"])
         adoption = Adoption(opts)
+    from zsearch_cli.retrieval.encode_shards import Launch
+
+    launch = Launch.from_env(kinds, opts)  # one process, or one of `accelerate launch`'s (dense only)
+    if launch.rank > 0:  # a helper: encodes its slices of process 0's corpus; process 0 writes the index
+        return launch.follow(out, opts)
     from zsearch_cli.files import new_folder_beside, swap_in
 
     tmp = new_folder_beside(out)  # the folder rule (files.py): beside, aside, in, removed; stale temps cleaned
@@ -180,20 +186,17 @@ def build_index(corpus: Path | None, out: Path, options: dict) -> Path:
         }
         if adoption is not None:  # against the corpus now, not after BM25's hour on wiki-18
             manifest["dense"] = adoption.adopt(tmp / CORPUS_FILE, n_docs, tmp / "dense")
+        if "dense" in kinds and adoption is None:  # before BM25: a bad encoder fails first, helpers wait less
+            from zsearch_cli.retrieval.encode_shards import encode_dense
+
+            manifest["dense"] = encode_dense(launch, tmp / CORPUS_FILE, n_docs, fingerprint, out, tmp / "dense",
+                                             opts, _progress)
         if tokenizer is not None:
             from zsearch_cli.retrieval.bm25 import build_bm25
 
             manifest["bm25"] = build_bm25(corpus_batches(tmp / CORPUS_FILE), n_docs, tmp / "bm25", tokenizer,
                                           float(opts["k1"]), float(opts["b"]), opts["bm25_backend"], _progress,
                                           norms=opts["bm25_norms"])
-        if "dense" in kinds and adoption is None:
-            from zsearch_cli.retrieval.dense import Encoder, build_dense
-
-            encoder = Encoder(opts["encoder"], opts["device"], int(opts["max_length"]), int(opts["batch_size"]),
-                              query_prefix=opts["query_prefix"], passage_prefix=opts["passage_prefix"])
-            with _progress(f"encode ({encoder.device})", n_docs) as advance:
-                manifest["dense"] = build_dense(corpus_batches(tmp / CORPUS_FILE), n_docs, tmp / "dense",
-                                                encoder, opts["faiss_type"], advance)
         manifest["corpus"]["bytes"] = (tmp / CORPUS_FILE).stat().st_size
         for kind in kinds:
             seal_part(tmp / kind, fingerprint, n_docs)
@@ -203,4 +206,5 @@ def build_index(corpus: Path | None, out: Path, options: dict) -> Path:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    launch.finish(out)  # the encode's work folder goes; helper processes may leave
     return out
