@@ -112,6 +112,7 @@ def test_no_key_is_stored_and_a_replay_asks_for_it(tmp_path, tiny_model_dir, key
                  "--max-turn-tokens", "8", "--device", "cpu", "--out", str(evaluated)]
     result = runner.invoke(app, eval_args)
     assert result.exit_code == 0, result.output
+    assert CANARY not in result.output  # eval's printed protocol line shows the retriever withheld
 
     assert _files_with_canary(run, exported, evaluated) == []
     assert "http://***@" in (run / "config.yaml").read_text()  # withheld, not dropped: the rest replays

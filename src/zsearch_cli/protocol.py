@@ -196,8 +196,12 @@ def _retriever(search: str, index: str | Path | None, strict: bool) -> dict[str,
     own search object); strict (eval): the one-line error, before any model loads."""
     from zsearch_cli.search.factory import INDEX_METHODS
 
+    from zsearch_cli.errors import stored_value
+
     spec = search.strip()
-    out: dict[str, Any] = dict(retriever=spec, corpus_fingerprint=None, corpus_size=None, bm25_k1=None,
+    # the record (and the protocol line eval prints) never holds a key (errors.stored_value); the
+    # live spec still reaches the served corpus below
+    out: dict[str, Any] = dict(retriever=stored_value(spec), corpus_fingerprint=None, corpus_size=None, bm25_k1=None,
                                bm25_b=None, bm25_analyzer=None, encoder=None)
     if spec in INDEX_METHODS:
         from zsearch_cli.errors import ZsearchError

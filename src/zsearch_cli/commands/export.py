@@ -23,7 +23,7 @@ from typing import Any
 from zsearch_cli.commands.export_card import WARM_FOLDER, model_card
 from zsearch_cli.config.commands import ExportOptions
 from zsearch_cli.config.fields import choices_of
-from zsearch_cli.errors import ZsearchError
+from zsearch_cli.errors import ZsearchError, stored_config
 from zsearch_cli.files import new_folder_beside, swap_in, umask_mode
 
 EXPORT_FILE = "zsearch_export.json"
@@ -251,6 +251,8 @@ def export(source: Path, out: Path, *, merge_lora: bool = False, dtype: str = "a
     evaluated = same_model_rows(eval_dir, src)  # before any weights load: another model's numbers are refused
     note(line)
     config, step, protocol = run_info(src, kind, run)
+    # a run written before keys were withheld may hold one: the export never copies it (errors.stored_config)
+    config, protocol = stored_config(config), stored_config(protocol)
     base = base_of(src, config)
     adapter = is_lora_checkpoint(src)
     weights = "LoRA adapter" if adapter and not merge_lora else "full weights (LoRA merged)" if adapter else "full weights"
