@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.zsearch-setup
 
-.PHONY: setup setup-vllm test test-main test-vllm demo overfit bench clean
+.PHONY: setup setup-vllm test test-main test-vllm demo overfit zerosearch-mini bench clean
 
 setup: $(STAMP)
 
@@ -64,6 +64,10 @@ demo: setup
 # RL that visibly moves smollm2-warm on CPU (~50 min on 2 idle cores; README, "Overfit check").
 overfit: setup
 	PATH=$(abspath $(VENV))/bin:$$PATH bash stages/overfit.sh
+
+# ZeroSearch's claim in miniature with smollm2 (README, "ZeroSearch in miniature"; docs/zerosearch-mini.md).
+zerosearch-mini: setup
+	PATH=$(abspath $(VENV))/bin:$$PATH bash stages/zerosearch-mini.sh
 
 bench: setup
 	$(PY) bench/bm25.py

@@ -20,7 +20,10 @@
 # The judge: the labels are only as good as the judge, and it must answer "Verdict: yes|no"
 # (unparseable verdicts are recorded, never guessed, and the simulator skips those rows).
 # The default is a local model through --judge-model, smollm2, which is too small: it
-# answers in prose, so no row gets a label and the script stops at step 4 with a hint. Use a
+# answers in prose, so no row gets a label and the script stops at step 4 with a hint
+# (made to give a verdict with `zsearch judge --prefill-verdict`, it says "no" to everything:
+# stages/zerosearch-mini.sh). On CPU, JUDGE_MODEL=rule:answer (a gold answer in the documents)
+# stands in for a large judge. Use a
 # real instruct model, locally (JUDGE_MODEL=Qwen/Qwen2.5-7B-Instruct DEVICE=cuda) or behind
 # an OpenAI-compatible endpoint (JUDGE_URL=http://127.0.0.1:8002/v1 JUDGE_MODEL=<served name>,
 # key in $OPENAI_API_KEY; e.g. `vllm serve Qwen/Qwen2.5-7B-Instruct --port 8002`).

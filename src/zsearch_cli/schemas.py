@@ -441,10 +441,30 @@ PROBE_SUMMARY = Artifact(
     ]),
 )
 
+SIM_CONTROL = Artifact(
+    "sim_control",
+    pa.schema([
+        # The simulator's controllability (zsearch_cli/search/controllability.py): one row per
+        # held-out query and forced quality, the documents it wrote and which hold a gold answer.
+        ("id", _str),                   # ROW_ID/QUALITY
+        ("row_id", _str),               # the held-out question
+        ("quality", _str),              # useful | noisy: the word the prompt carried
+        ("question", _str),
+        ("golden_answers", _strs),
+        ("query", _str),
+        ("documents", _strs),           # the topk documents the policy would see (padding included)
+        ("has_answer", pa.list_(pa.bool_())),  # per document: a gold answer in it (audit.answers)
+        ("padded", pa.bool_()),         # fewer documents parsed than topk: the rest are the placeholder
+        ("raw", _str),                  # the simulator's text
+        ("simulator", _str),
+    ]),
+    unique="id",
+)
+
 ALL_ARTIFACTS: dict[str, Artifact] = {
     a.name: a for a in (CORPUS, QA, TRAJECTORY, EVAL_EXAMPLE, EVAL_SUMMARY, PREDICTIONS, ROLLOUT, METRICS, PROPOSED_QA,
               COLLECTED_QUERY, JUDGMENT, SFT_EXAMPLE, AUDIT_EXAMPLE, AUDIT_SUMMARY,
-              PROBE_SUMMARY)
+              PROBE_SUMMARY, SIM_CONTROL)
 }
 
 

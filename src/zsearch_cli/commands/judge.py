@@ -1,10 +1,11 @@
 """``zsearch judge``: label each collected query-documents pair ``useful`` or ``noisy``
 with an LLM judge (ZeroSearch §3.3), the labels of the simulator's fine-tuning data.
 
-The judge is a local model (HF or vLLM, greedy, chat template) or any OpenAI-compatible
-endpoint. It sees the question, the gold answers, the query and the documents (the prompt
-and its rationale are in :mod:`zsearch_cli.prompts.judge`) and must reply ``Verdict: yes``
-or ``Verdict: no``. Outputs that do not parse are kept with a null label and the reason,
+The judge is a local model (HF or vLLM, greedy, chat template), any OpenAI-compatible
+endpoint, or a rule (``--judge-model rule:answer``, :mod:`zsearch_cli.commands.judge_rules`:
+a gold answer in the documents, the stand-in for a large judge on a CPU box). A model sees
+the question, the gold answers, the query and the documents (the prompt and its rationale
+are in :mod:`zsearch_cli.prompts.judge`) and must reply ``Verdict: yes`` or ``Verdict: no``. Outputs that do not parse are kept with a null label and the reason,
 and counted in the summary; they are never guessed into a label.
 
 ``judgments.parquet`` is rewritten atomically after every batch, so a re-run resumes.
@@ -27,7 +28,9 @@ from zsearch_cli.config.fields import check_options
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.progress import progress_bar
 from zsearch_cli.config.commands import JudgeOptions
-from zsearch_cli.prompts.judge import JUDGE_PROMPT_VERSION, LABELS, build_judge_prompt, parse_verdict
+from zsearch_cli.commands.judge_rules import is_rule, rule_judge
+from zsearch_cli.prompts.judge import (JUDGE_PROMPT_VERSION, LABELS, VERDICT_PREFILL, build_judge_prompt,
+                                       parse_verdict)
 from zsearch_cli.schemas import COLLECTED_QUERY, JUDGMENT, read_artifact, read_metadata, write_artifact
 
 console = Console(stderr=True)
@@ -35,8 +38,9 @@ console = Console(stderr=True)
 JUDGMENTS_FILE = "judgments.parquet"
 BALANCED_FILE = "judgments.balanced.parquet"
 
-JudgeFn = Callable[[Sequence[str]], list[str]]
-"""Prompts (user messages) in, raw judge texts out, in order."""
+JudgeFn = Callable[[Sequence[str], Sequence[dict[str, Any]]], list[str]]
+"""Prompts (user messages) and their query rows in, raw judge texts out, in order (a model
+reads the prompts, a rule the rows)."""
 
 
 # ----------------------------------------------------------------------------- judges
@@ -49,11 +53,13 @@ def endpoint_judge(opts: JudgeOptions) -> JudgeFn:
     assert opts.judge_url is not None
     client = LLMClient(opts.judge_url, opts.judge_model, api=opts.judge_api, timeout=opts.timeout,
                        retries=opts.retries, concurrency=opts.concurrency)
-    return lambda prompts: client.complete(prompts, max_tokens=opts.max_new_tokens, temperature=0.0)
+    return lambda prompts, rows: client.complete(prompts, max_tokens=opts.max_new_tokens, temperature=0.0)
 
 
 def local_judge(opts: JudgeOptions) -> JudgeFn:
-    """Greedy generation with a local model, the prompt wrapped in its chat template."""
+    """Greedy generation with a local model, the prompt wrapped in its chat template (with
+    ``--prefill-verdict``, the reply started with :data:`VERDICT_PREFILL`, which the recorded
+    output then starts with too, so the parser reads what the judge was made to say)."""
     from zsearch_cli.models.base import SamplingParams
     from zsearch_cli.models.loading import apply_chat
     from zsearch_cli.models.factory import load_backend
@@ -63,15 +69,17 @@ def local_judge(opts: JudgeOptions) -> JudgeFn:
     model = getattr(backend, "model", None)
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     params = SamplingParams(max_new_tokens=opts.max_new_tokens, temperature=0.0, seed=0)
+    prefill = VERDICT_PREFILL if opts.prefill_verdict else ""
+    prefill_ids = list(tokenizer.encode(prefill, add_special_tokens=False)) if prefill else []
 
-    def run(prompts: Sequence[str]) -> list[str]:
-        ids = [apply_chat(tokenizer, p) for p in prompts]
+    def run(prompts: Sequence[str], rows: Sequence[dict[str, Any]] = ()) -> list[str]:
+        ids = [apply_chat(tokenizer, p) + prefill_ids for p in prompts]
         for p in ids:
             if limit is not None and len(p) + opts.max_new_tokens > limit:
                 raise ZsearchError(f"a judge prompt is {len(p)} tokens; with --max-new-tokens {opts.max_new_tokens} "
                                    f"it exceeds {opts.judge_model}'s {limit}-token context")
         outs = backend.generate(ids, params)
-        return [tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outs]
+        return [prefill + tokenizer.decode(o.token_ids, skip_special_tokens=True) for o in outs]
 
     return run
 
@@ -80,6 +88,14 @@ def make_judge(opts: JudgeOptions) -> tuple[JudgeFn, str]:
     """The judge function and the model id recorded in each row."""
     if not opts.judge_model.strip():
         raise ZsearchError("--judge-model is required (a local model, or the endpoint's model name)")
+    if opts.prefill_verdict and (opts.judge_url or is_rule(opts.judge_model)):
+        raise ZsearchError("--prefill-verdict starts a local model's reply; an endpoint's chat API cannot, "
+                           "and a rule judge writes no reply")
+    if is_rule(opts.judge_model):
+        if opts.judge_url:
+            raise ZsearchError(f"--judge-model {opts.judge_model.strip()} is a rule: it needs no --judge-url")
+        rule = rule_judge(opts.judge_model)
+        return (lambda prompts, rows: rule(rows)), opts.judge_model.strip()
     if opts.judge_url:
         return endpoint_judge(opts), opts.judge_model
     return local_judge(opts), opts.judge_model
@@ -123,10 +139,13 @@ def balance(rows: Sequence[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- the stage
 
 
-def _load_previous(path: Path, judge_model: str) -> list[dict[str, Any]]:
+def _load_previous(path: Path, judge_model: str, prefill: bool = False) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     before = read_metadata(path).get("config", {})
+    if bool(before.get("prefill_verdict", False)) != prefill:
+        raise ZsearchError(f"{path}: was judged {'with' if not prefill else 'without'} --prefill-verdict, this run "
+                           f"{'uses' if prefill else 'does not use'} it; use another --out, or the same setting to resume")
     if before.get("judge_model") not in (None, judge_model):
         raise ZsearchError(f"{path}: was judged by {before['judge_model']!r}, this run uses {judge_model!r}; "
                            "use another --out, or the same judge to resume")
@@ -144,7 +163,7 @@ def judge(opts: JudgeOptions, config: dict[str, Any]) -> dict[str, Any]:
         queries = queries.slice(0, opts.limit)
     config = {**config, "judge_prompt_version": JUDGE_PROMPT_VERSION}
     out_path = opts.out / JUDGMENTS_FILE
-    rows = _load_previous(out_path, opts.judge_model)
+    rows = _load_previous(out_path, opts.judge_model, opts.prefill_verdict)
     done = {r["id"] for r in rows}
     todo = [q for q in queries.to_pylist() if q["id"] not in done]
     if done:
@@ -158,7 +177,7 @@ def judge(opts: JudgeOptions, config: dict[str, Any]) -> dict[str, Any]:
                 batch = todo[start : start + opts.batch_size]
                 prompts = [build_judge_prompt(q["question"], q["golden_answers"], q["query"], q["documents"])
                            for q in batch]
-                outputs = judge_fn(prompts)
+                outputs = judge_fn(prompts, batch)
                 rows += [judgment_row(q, text, model_id) for q, text in zip(batch, outputs, strict=True)]
                 write_artifact(rows, out_path, JUDGMENT, config)  # after every batch: resumable
                 bar.advance(task, len(batch))

@@ -220,7 +220,7 @@ class JudgeOptions(Seeded, Subset):
     queries: Path = option(argument=True)
     """queries.parquet from `zsearch collect` (the COLLECTED_QUERY artifact)."""
     judge_model: str = option(flags=("--judge-model",))
-    """Local HF id/path/alias, or the endpoint's model name."""
+    """Local HF id/path/alias, the endpoint's model name, or rule:answer (a gold answer in the documents: no model)."""
     judge_url: Optional[str] = option(None, flags=("--judge-url",))
     """OpenAI-compatible API root, e.g. http://host:port/v1 (key: $OPENAI_API_KEY) [none: a local judge]."""
     judge_api: str = option("chat", flags=("--judge-api",))
@@ -237,6 +237,8 @@ class JudgeOptions(Seeded, Subset):
     """Endpoint: retries per request (bounded, exponential backoff)."""
     max_new_tokens: int = option(32, range=AT_LEAST_1)
     """Judge tokens per verdict (one short line; more only helps models that reason first)."""
+    prefill_verdict: bool = option(False, flags=("--prefill-verdict",))
+    """Local judge: start its reply with "Verdict:" (a small model, e.g. smollm2, answers in prose otherwise)."""
     balance: bool = option(False, flags=("--balance",))
     """Also write a useful/noisy-balanced set (majority downsampled, seeded by --seed)."""
 

@@ -49,6 +49,13 @@ if the documents contain enough information to answer the query, or
 Verdict: no
 if they do not."""
 
+VERDICT_PREFILL = "Verdict:"
+"""``zsearch judge --prefill-verdict``: the start of a local judge's reply. smollm2 answers the
+prompt above in prose ("The documents do not contain enough information to answer the query.":
+none of 10 real outputs parsed); made to start with this, its next word is the verdict, and
+the recorded output starts with it too, so the strict parser reads what the judge was made to
+say. The user message is unchanged (the prompt version with it)."""
+
 NO_DOCUMENTS = "(no documents)"
 
 _VERDICT_LINE = re.compile(r"verdict\s*:\s*(yes|no)\s*\.?", re.IGNORECASE)
