@@ -144,7 +144,18 @@ def warm_run(tmp_path_factory, tiny_model_dir, demo_index):
         save_file(tensors, str(weights), metadata={"format": "pt"})
         shutil.rmtree(run / "final" / "merged")
         merged_lora_dir(str(run / "final"))
-        yield {"run": run, "root": root, "hub": root / "hub", "layer": layer}
+    # the stand-ins hold only for the tests that ask for them (`stand_ins`): a module-long patch
+    # would give the real-smollm2 test below the tiny model and warm layer
+    return {"run": run, "root": root, "hub": root / "hub", "layer": layer}
+
+
+@pytest.fixture
+def stand_ins(warm_run, monkeypatch):
+    """``warm_run`` with its stand-ins in place for one test: the tiny `smollm2` in the cache and
+    the tiny warm layer as the shipped one."""
+    monkeypatch.setenv("ZSEARCH_CACHE", str(warm_run["root"] / "cache"))
+    monkeypatch.setattr(warm, "shipped_dir", lambda: warm_run["layer"])
+    return warm_run
 
 
 def _logits(model) -> torch.Tensor:
@@ -171,24 +182,24 @@ def _run_card(card: str, cwd: Path, hub: Path, tmp_path: Path) -> torch.Tensor:
     return torch.load(tmp_path / "card.pt")
 
 
-def test_the_card_of_a_warm_adapter_loads_with_transformers_and_peft_alone(warm_run, tmp_path):
+def test_the_card_of_a_warm_adapter_loads_with_transformers_and_peft_alone(stand_ins, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
     from zsearch_cli.models.loading import load_model
 
-    run = warm_run["run"]
+    run = stand_ins["run"]
     out = tmp_path / "agent"
     _ok(["export", run, "--out", out])
     assert json.loads((out / "adapter_config.json").read_text())["base_model_name_or_path"] == "smollm2-warm"
     carried = out / "smollm2-warm"  # the warm layer travels, as shipped
     assert {p.name: p.read_bytes() for p in carried.iterdir()} == {
-        p.name: p.read_bytes() for p in warm_run["layer"].iterdir()}
+        p.name: p.read_bytes() for p in stand_ins["layer"].iterdir()}
     assert json.loads((out / "zsearch_export.json").read_text())["warm_layer"] == "smollm2-warm"
     card = (out / "README.md").read_text()
 
     reference = _logits(load_model(str(out), device="cpu")[0])  # zsearch: smollm2 + warm, merged, + adapter
-    torch.testing.assert_close(_run_card(card, tmp_path, warm_run["hub"], tmp_path), reference, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(_run_card(card, tmp_path, stand_ins["hub"], tmp_path), reference, atol=1e-4, rtol=1e-4)
 
     # each layer counts: the trained adapter straight on smollm2 (the warm layer dropped) is another model
     base = AutoModelForCausalLM.from_pretrained(run.parent / "cache" / "models" / "smollm2", dtype=torch.float32)
@@ -206,10 +217,10 @@ def test_the_card_of_a_warm_adapter_loads_with_transformers_and_peft_alone(warm_
     _ok(["export", run, "--out", tmp_path / "agent-merged", "--merge-lora"])
     full = (tmp_path / "agent-merged" / "README.md").read_text()
     assert not (tmp_path / "agent-merged" / "smollm2-warm").exists() and "vllm serve agent-merged" in full
-    torch.testing.assert_close(_run_card(full, tmp_path, warm_run["hub"], tmp_path), reference, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(_run_card(full, tmp_path, stand_ins["hub"], tmp_path), reference, atol=1e-4, rtol=1e-4)
 
 
-def test_the_card_of_a_smollm2_adapter_loads_the_hub_gguf(warm_run, tmp_path):
+def test_the_card_of_a_smollm2_adapter_loads_the_hub_gguf(stand_ins, tmp_path):
     """The other alias, `smollm2`: the same base from the hub's GGUF, no warm layer."""
     from peft import LoraConfig, get_peft_model
 
@@ -226,16 +237,16 @@ def test_the_card_of_a_smollm2_adapter_loads_the_hub_gguf(warm_run, tmp_path):
     assert not (out / "smollm2-warm").exists() and "vllm serve smollm2" not in card
     assert "`zsearch export final --out plain-merged --merge-lora`" in card
     reference = _logits(load_model(str(out), device="cpu")[0])
-    torch.testing.assert_close(_run_card(card, tmp_path, warm_run["hub"], tmp_path), reference, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(_run_card(card, tmp_path, stand_ins["hub"], tmp_path), reference, atol=1e-4, rtol=1e-4)
 
 
-def test_the_eval_protocol_records_the_warm_layer_and_the_adapter(warm_run, tmp_path, demo_index, tiny_model_dir,
+def test_the_eval_protocol_records_the_warm_layer_and_the_adapter(stand_ins, tmp_path, demo_index, tiny_model_dir,
                                                                   monkeypatch):
     import pyarrow.parquet as pq
 
     from zsearch_cli.protocol import _sampled_fingerprint, adapter_layers
 
-    run, layer = warm_run["run"], warm_run["layer"]
+    run, layer = stand_ins["run"], stand_ins["layer"]
     final = run / "final"
 
     def evaluated(out: Path) -> dict:
