@@ -117,7 +117,7 @@ class _WordSim:
 def test_controllability_counts_the_documents_the_policy_sees(tmp_path, tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from zsearch_cli.search.controllability import heldout_requests, measure, shares
+    from zsearch_cli.audit.controllability import heldout_requests, measure, shares
     from zsearch_cli.search.simulated import SimConfig, SimulatedSearch
 
     turn = json.dumps([{"turn": 0, "queries": ["capital of france"], "doc_ids": [["d"]]}])

@@ -444,7 +444,7 @@ PROBE_SUMMARY = Artifact(
 SIM_CONTROL = Artifact(
     "sim_control",
     pa.schema([
-        # The simulator's controllability (zsearch_cli/search/controllability.py): one row per
+        # The simulator's controllability (zsearch_cli/audit/controllability.py): one row per
         # held-out query and forced quality, the documents it wrote and which hold a gold answer.
         ("id", _str),                   # ROW_ID/QUALITY
         ("row_id", _str),               # the held-out question

@@ -2,7 +2,7 @@
 with smollm2 on the bundled corpus, and this module's two non-``zsearch`` steps:
 
 - ``python -m zsearch_cli.train.zerosearch_mini control --sim SPEC --eval DIR --topk K --out DIR``:
-  the simulator's controllability (:mod:`zsearch_cli.search.controllability`) on the held-out
+  the simulator's controllability (:mod:`zsearch_cli.audit.controllability`) on the held-out
   queries of the agent eval in DIR; writes ``OUT/control.parquet`` (SIM_CONTROL).
 - ``python -m zsearch_cli.train.zerosearch_mini report OUT [--strict]``: the README's table
   (the judges compared, U and N before and after ``simsft``, held-out EM before and after RL
@@ -49,9 +49,9 @@ GOALS = {
 
 def control(spec: str, eval_dir: Path, topk: int, out: Path, limit: int | None = None) -> dict[str, Any]:
     """Measure the simulator ``spec`` on the held-out queries of ``eval_dir``; write
-    ``out/control.parquet``; returns :func:`~zsearch_cli.search.controllability.shares`."""
+    ``out/control.parquet``; returns :func:`~zsearch_cli.audit.controllability.shares`."""
     from zsearch_cli.schemas import SIM_CONTROL, write_artifact
-    from zsearch_cli.search.controllability import heldout_requests, measure, shares
+    from zsearch_cli.audit.controllability import heldout_requests, measure, shares
     from zsearch_cli.search.factory import is_simulated, make_search_backend
 
     if not is_simulated(spec):
@@ -109,7 +109,7 @@ def compare_judges(lm: dict[str, str | None], rule: dict[str, str | None]) -> di
 
 def _control(out: Path, name: str) -> dict[str, Any]:
     from zsearch_cli.schemas import SIM_CONTROL, read_artifact
-    from zsearch_cli.search.controllability import shares
+    from zsearch_cli.audit.controllability import shares
 
     path = out / name / "control.parquet"
     if not path.is_file():
