@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.zsearch-setup
 
-.PHONY: setup setup-vllm test test-main test-vllm demo overfit zerosearch-mini bench clean
+.PHONY: setup setup-vllm test test-main test-vllm demo overfit zerosearch-mini drzero-mini bench clean
 
 setup: $(STAMP)
 
@@ -68,6 +68,10 @@ overfit: setup
 # ZeroSearch's claim in miniature with smollm2 (README, "ZeroSearch in miniature"; docs/zerosearch-mini.md).
 zerosearch-mini: setup
 	PATH=$(abspath $(VENV))/bin:$$PATH bash stages/zerosearch-mini.sh
+
+# Dr. Zero's claim in miniature with smollm2 (README, "Dr. Zero in miniature"; docs/drzero-mini.md).
+drzero-mini: setup
+	PATH=$(abspath $(VENV))/bin:$$PATH bash stages/drzero-mini.sh
 
 bench: setup
 	$(PY) bench/bm25.py

@@ -69,7 +69,9 @@ def propose(ctx: typer.Context, given: dict) -> None:
     cfg = TrainConfig.from_preset("drzero-proposer", **{k: v for k, v in given.items() if k in leaves(TrainConfig)},
                                   out=out or Path("runs/propose"))
     train_proposer(cfg, solver_model=proposer.proposer.solver_model, solver_url=proposer.proposer.solver_url,
-                   solver_samples=proposer.proposer.solver_samples, hop_ratio=proposer.proposer.hop_ratio)
+                   solver_samples=proposer.proposer.solver_samples, hop_ratio=proposer.proposer.hop_ratio,
+                   solver_protocol=proposer.proposer.solver_protocol, proposer_prompt=proposer.proposer.proposer_prompt,
+                   answer_reward=proposer.proposer.answer_reward)
 
 
 @command(TrainConfig, name="solve", exclude=SOLVE_EXCLUDES, defaults=_shown("drzero-solver", SOLVE_DEFAULTS),

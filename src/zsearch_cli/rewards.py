@@ -229,6 +229,20 @@ def answer_in_question(answer: str, question: str) -> bool:
     return not a or any(q[i : i + len(a)] == a for i in range(len(q) - len(a) + 1))
 
 
+def answer_grounding(answer: str, evidence: str) -> float:
+    """Dr. Zero's code's answer part, as a fraction (``--answer-reward grounded``; docs/methods.md
+    §5.2): 1 when the normalised answer occurs as whole words in ``evidence`` (the source passage
+    and the tool responses) and is at most 5 words long, 1/2 at most 10, else 0.
+
+    Why zsearch has it (issue 38): real smollm2 proposers copy the prompt's example question and
+    answer, which the paper's "extractable" pays in full; an answer that is in no passage the
+    proposer saw is not Hop n of a chain that starts in the document."""
+    words = normalize_answer(answer).split()
+    if not words or not answer_in_question(answer, evidence):
+        return 0.0
+    return 1.0 if len(words) <= 5 else 0.5 if len(words) <= 10 else 0.0
+
+
 def _tool_score(valid: int, invalid_calls: int, hops: int) -> float:
     """Fraction of the tool component: exact hops−1 valid searches score 1.
 
@@ -245,7 +259,7 @@ def _tool_score(valid: int, invalid_calls: int, hops: int) -> float:
     return min(1 + valid, hops) / max(1 + valid, hops)
 
 
-def proposer_format_reward(response: Response, hops: int) -> dict[str, float | bool | int]:
+def proposer_format_reward(response: Response, hops: int, evidence: str | None = None) -> dict[str, float | bool | int]:
     """Dr. Zero's format reward r_f (Appendix A; docs/methods.md §5.2): four components, each in
     [0, 0.125], and the integrity gate.
 
@@ -259,7 +273,9 @@ def proposer_format_reward(response: Response, hops: int) -> dict[str, float | b
       extracted. (The paper says "extractable". Dr. Zero's code instead always
       grants the question part once the gate passes, and grants the answer part only when
       the answer occurs in the source document or the tool responses and is ≤5 words,
-      half for ≤10; that needs the document, which this reward does not see.)
+      half for ≤10; that needs the document, which this reward sees only when ``evidence``,
+      the source passage and the tool responses, is given: then the answer part is
+      :func:`answer_grounding`'s, Dr. Zero's code's rule.)
 
     ``integrity`` is False when the question or answer is missing/empty or the answer
     appears in the question (:func:`answer_in_question`); then ``total`` is 0, and the
@@ -281,7 +297,7 @@ def proposer_format_reward(response: Response, hops: int) -> dict[str, float | b
         "think": PROPOSER_COMPONENT_MAX * think / max(1, len(turns)),
         "tool": PROPOSER_COMPONENT_MAX * _tool_score(valid, invalid_calls, hops),
         "question": PROPOSER_COMPONENT_MAX * bool(question),
-        "answer": PROPOSER_COMPONENT_MAX * bool(answer),
+        "answer": PROPOSER_COMPONENT_MAX * (bool(answer) if evidence is None else answer_grounding(answer or "", evidence)),
     }
     integrity = bool(question) and bool(answer) and not answer_in_question(answer or "", question or "")
     total = sum(parts.values()) if integrity else 0.0

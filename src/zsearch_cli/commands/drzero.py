@@ -225,7 +225,9 @@ class Loop:
                                      lr=o.proposer_lr, max_context_tokens=o.proposer_context_tokens,
                                      steps=o.proposer_steps, batch_size=o.batch_size, seed=rec["seed"])
             train_proposer(cfg, solver_model=rec["solver"], solver_samples=o.proposer.solver_samples,
-                           hop_ratio=o.proposer.hop_ratio, console=self.console)
+                           hop_ratio=o.proposer.hop_ratio, solver_protocol=o.proposer.solver_protocol,
+                           proposer_prompt=o.proposer.proposer_prompt, answer_reward=o.proposer.answer_reward,
+                           console=self.console)
         return {}
 
     def generate(self, rec: dict[str, Any]) -> dict[str, Any]:
@@ -251,6 +253,7 @@ class Loop:
         if not Path(rec["checkpoint"]).is_dir():
             o = self.opts
             cfg = self._train_config("drzero-solver", rec["run_dir"], model=rec["solver_init"], lr=o.solver_lr,
+                                     protocol=o.proposer.solver_protocol,  # the one the proposer was rewarded with
                                      max_context_tokens=o.solver_context_tokens, train_data=str(rec["data"]),
                                      steps=o.solver_steps, batch_size=rec["batch_size"], group_size=o.group_size,
                                      seed=rec["seed"])
@@ -266,7 +269,7 @@ class Loop:
             limit=o.eval_limit,
             policy=replace(o.policy, model=rec["model"]), retrieval=o.retrieval,
             # greedy, as `zsearch eval` scores
-            rollout=replace(o.rollout, protocol="tool_call", max_context_tokens=o.solver_context_tokens,
+            rollout=replace(o.rollout, protocol=o.proposer.solver_protocol, max_context_tokens=o.solver_context_tokens,
                             temperature=0.0, top_p=1.0),
         ), {**self.config, "drzero_substep": rec["label"]})
         return {"results": [{k: s[k] for k in ("dataset", "n", "em", "f1", "subem")} for s in summaries]}
@@ -317,11 +320,12 @@ class Loop:
 def check_loop_options(opts: DrZeroOptions) -> None:
     """Every invalid value as one line, before anything heavy loads."""
     from zsearch_cli.algos.correction import check_correction
-    from zsearch_cli.commands.propose import parse_hop_ratio
+    from zsearch_cli.commands.propose import check_proposer_prompt, parse_hop_ratio
 
     check_options(opts)  # the declared ranges and choices: the same check as the command line's
     check_correction(opts.correction)
     parse_hop_ratio(opts.proposer.hop_ratio)
+    check_proposer_prompt(opts.proposer.proposer_prompt, opts.proposer.hop_ratio)
     index = opts.retrieval.index
     if not (Path(index) / "manifest.json").is_file():
         raise ZsearchError(f"{index}: no index there (build one with `zsearch index --out {index}`)")

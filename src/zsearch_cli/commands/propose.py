@@ -71,20 +71,55 @@ class ProposerPrompt:
     id: str
     hops: int
     source: Passage
+    style: str = "figure5"  # --proposer-prompt
 
     def row(self, tokenizer: Any, max_tokens: int = SOURCE_TOKENS) -> QARow:
-        """The engine row: the Figure 5 prompt over the truncated source document. The
-        row's question is a label only (the search backend receives it as context)."""
+        """The engine row: the proposer prompt (Figure 5, or the short one) over the truncated
+        source document. The row's question is a label only (the search backend receives it
+        as context)."""
         document = truncate_tokens(format_source_document(self.source.title, self.source.text), tokenizer, max_tokens)
         return QARow(self.id, f"[{self.hops}-hop proposal from {self.source.id}]", [],
-                     prompt=render_proposer_prompt(self.hops, document))
+                     prompt=render_proposer_prompt(self.hops, document, self.style))
 
 
-def proposer_prompts(index: Any, n: int, ratio: str, seed: int, step: int = 0) -> list[ProposerPrompt]:
+def check_proposer_prompt(style: str, ratio: str) -> None:
+    """One line when ``--proposer-prompt short`` would be asked for more than one hop: its
+    worked example is a 1-hop question, and it says nothing of searching."""
+    if style == "short" and parse_hop_ratio(ratio)[1:].sum() > 0:
+        raise ZsearchError(f"--proposer-prompt short writes 1-hop questions only; pass --hop-ratio 1:0:0:0, "
+                           f"not {ratio!r}")
+
+
+def proposer_prompts(index: Any, n: int, ratio: str, seed: int, step: int = 0,
+                     style: str = "figure5") -> list[ProposerPrompt]:
     """``n`` seeded (hop count, source passage) prompts for one step."""
+    check_proposer_prompt(style, ratio)
     rows = sample_seed_rows(len(index), n, seed, step)
     hops = draw_hops(n, ratio, seed + 7919 * step)
-    return [ProposerPrompt(f"s{step}-p{i}-{index.get(r).id}", h, index.get(r)) for i, (r, h) in enumerate(zip(rows, hops))]
+    return [ProposerPrompt(f"s{step}-p{i}-{index.get(r).id}", h, index.get(r), style)
+            for i, (r, h) in enumerate(zip(rows, hops))]
+
+
+ANSWER_REWARDS = ("extractable", "grounded")
+"""``--answer-reward``: the format reward's answer part, the paper's or Dr. Zero's code's."""
+
+
+def evidence(traj: Trajectory, prompt: ProposerPrompt) -> str:
+    """What the proposer saw: its source passage and the tool responses the engine inserted
+    (the response text less the proposer's own turns, so its own ``<answer>`` is no evidence)."""
+    rest = traj.response_text
+    for turn in traj.policy_texts:
+        rest = rest.replace(turn, "\n", 1)
+    return f"{prompt.source.title}\n{prompt.source.text}\n{rest}"
+
+
+def format_reward(traj: Trajectory, prompt: ProposerPrompt, answer_reward: str = "extractable") -> dict[str, Any]:
+    """:func:`~zsearch_cli.rewards.proposer_format_reward` of one proposal, its answer part
+    grounded in :func:`evidence` with ``answer_reward='grounded'``."""
+    if answer_reward not in ANSWER_REWARDS:
+        raise ZsearchError(f"unknown --answer-reward {answer_reward!r}: use one of {', '.join(ANSWER_REWARDS)}")
+    grounded = evidence(traj, prompt) if answer_reward == "grounded" else None
+    return proposer_format_reward(traj.policy_texts, prompt.hops, grounded)
 
 
 def _solver_row(question: str, answer: str, key: str) -> QARow:
@@ -98,6 +133,7 @@ def score_proposals(
     solver: RolloutEngine,
     n_solver: int = 5,
     step: int = 0,
+    answer_reward: str = "extractable",
 ) -> list[dict[str, Any]]:
     """Reward each proposer trajectory (aligned with ``prompts``).
 
@@ -108,7 +144,7 @@ def score_proposals(
     for i, (traj, prompt) in enumerate(zip(proposals, prompts)):
         turns = traj.policy_texts  # the engine's observation spans left out, not a text search
         question, answer = extract_question_answer(turns)
-        fmt = proposer_format_reward(turns, prompt.hops)
+        fmt = format_reward(traj, prompt, answer_reward)
         scored.append({"question": question, "answer": answer, "fmt": fmt, "k": 0, "solver_answers": [],
                        "reward": 0.0, "hops": prompt.hops, "source_id": prompt.source.id})
         if fmt["integrity"]:
@@ -144,13 +180,14 @@ def qa_rows(scored: Sequence[dict[str, Any]], prompts: Sequence[ProposerPrompt],
     return rows
 
 
-def best_of(trajs: Sequence[Trajectory], prompts: Sequence[ProposerPrompt], m: int) -> list[Trajectory]:
+def best_of(trajs: Sequence[Trajectory], prompts: Sequence[ProposerPrompt], m: int,
+            answer_reward: str = "extractable") -> list[Trajectory]:
     """For each prompt, the sample (of ``m``, row-major) with the highest format score that
     passes the integrity gate, else the first sample; as Dr. Zero's generation code does."""
     best = []
     for i, prompt in enumerate(prompts):
         group = trajs[i * m : (i + 1) * m]
-        formats = [proposer_format_reward(t.policy_texts, prompt.hops) for t in group]
+        formats = [format_reward(t, prompt, answer_reward) for t in group]
         order = sorted(range(m), key=lambda j: (not formats[j]["integrity"], -formats[j]["total"], j))
         best.append(group[order[0]])
     return best
@@ -180,13 +217,13 @@ def make_engines(opts: Any) -> tuple[RolloutEngine, RolloutEngine, Any]:
     from zsearch_cli.rollout.build import build_engine
 
     index = load_index(opts.retrieval.index)
-    proposer = build_engine(opts, protocol="tool_call")
+    proposer = build_engine(opts, protocol="tool_call")  # Figure 5's format, whatever the solver speaks
     if opts.proposer.solver_url or opts.proposer.solver_model not in (None, opts.policy.model):
         solver = solver_backend(opts.proposer.solver_model or opts.policy.model, opts.proposer.solver_url, backend=opts.policy.backend,
                                 device=opts.policy.device)
     else:
         solver = proposer.backend  # the same weights: share the loaded model
-    return (proposer, build_engine(opts, backend=solver, search=proposer.search, protocol="tool_call",
+    return (proposer, build_engine(opts, backend=solver, search=proposer.search, protocol=opts.proposer.solver_protocol,
                                    seed=opts.seed + 1), index)
 
 
@@ -199,15 +236,19 @@ def generate_questions(opts: GenerateOptions, out: Any, config: dict[str, Any]) 
     from zsearch_cli.schemas import PROPOSED_QA, write_artifact
 
     check_options(opts)  # the declared ranges and choices: the same check as the command line's
+    check_proposer_prompt(opts.proposer.proposer_prompt, opts.proposer.hop_ratio)  # before any model loads
     proposer, solver, index = make_engines(opts)
-    prompts = proposer_prompts(index, opts.num_questions, opts.proposer.hop_ratio, opts.seed)
+    prompts = proposer_prompts(index, opts.num_questions, opts.proposer.hop_ratio, opts.seed,
+                               style=opts.proposer.proposer_prompt)
     rows: list[dict[str, Any]] = []
     with progress_bar(console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("propose", total=len(prompts))
         for start in range(0, len(prompts), opts.batch_size):
             batch = prompts[start : start + opts.batch_size]
             trajs = proposer.rollout([p.row(proposer.tokenizer) for p in batch], group_size=opts.samples)
-            scored = score_proposals(best_of(trajs, batch, opts.samples), batch, solver, opts.proposer.solver_samples)
+            reward = opts.proposer.answer_reward
+            scored = score_proposals(best_of(trajs, batch, opts.samples, reward), batch, solver,
+                                     opts.proposer.solver_samples, answer_reward=reward)
             rows += qa_rows(scored, batch, opts.proposer.solver_samples)
             bar.advance(task, len(batch))
     if not rows:

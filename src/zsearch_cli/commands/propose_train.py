@@ -42,6 +42,7 @@ from zsearch_cli.commands.propose import (
     HOPS,
     SOURCE_TOKENS,
     ProposerPrompt,
+    check_proposer_prompt,
     parse_hop_ratio,
     proposer_prompts,
     score_proposals,
@@ -57,8 +58,10 @@ class ProposerData:
     """The trainer's data source for proposer training: B seeded proposer prompts per step."""
 
     def __init__(self, index: Any, batch_size: int, hop_ratio: str, seed: int, tokenizer: Any,
-                 source_tokens: int = SOURCE_TOKENS):
+                 source_tokens: int = SOURCE_TOKENS, style: str = "figure5"):
         parse_hop_ratio(hop_ratio)  # a bad ratio fails before any model loads
+        check_proposer_prompt(style, hop_ratio)
+        self.style = style
         self.index = index
         self.batch_size = batch_size
         self.hop_ratio = hop_ratio
@@ -70,7 +73,7 @@ class ProposerData:
 
     def next_batch(self) -> list[QARow]:
         """The next step's B prompts (Figure 5 over a truncated seed passage); moves the step."""
-        prompts = proposer_prompts(self.index, self.batch_size, self.hop_ratio, self.seed, self.step)
+        prompts = proposer_prompts(self.index, self.batch_size, self.hop_ratio, self.seed, self.step, self.style)
         self.step += 1
         self._prompts = {p.id: p for p in prompts}
         return [p.row(self.tokenizer, self.source_tokens) for p in prompts]
@@ -107,18 +110,20 @@ class ProposerReward:
 
     ``solver`` may be bound after construction (it needs the trainer's device)."""
 
-    def __init__(self, data: ProposerData, n_solver: int = 5, solver: RolloutEngine | None = None):
+    def __init__(self, data: ProposerData, n_solver: int = 5, solver: RolloutEngine | None = None,
+                 answer_reward: str = "extractable"):
         if n_solver < 2:
             raise ZsearchError(f"--solver-samples must be >= 2 (the difficulty reward needs n >= 2), got {n_solver}")
         self.data = data
         self.n_solver = n_solver
         self.solver = solver
+        self.answer_reward = answer_reward
 
     def __call__(self, trajs: list[Trajectory], step: int) -> BatchRewards:
         if self.solver is None:
             raise RuntimeError("ProposerReward: no solver bound")
         prompts = [self.data.prompt(t.row_id) for t in trajs]
-        scored = score_proposals(trajs, prompts, self.solver, self.n_solver, step=step)
+        scored = score_proposals(trajs, prompts, self.solver, self.n_solver, step=step, answer_reward=self.answer_reward)
         columns = [{"hops": int(s["hops"]), "solver_k": int(s["k"]), "gate_pass": bool(s["fmt"]["integrity"]),
                     "difficulty": difficulty_reward(s["k"], self.n_solver) if s["fmt"]["integrity"] else 0.0,
                     "format_reward": float(s["fmt"]["total"]), "proposed_question": s["question"],
@@ -127,20 +132,25 @@ class ProposerReward:
                             metrics=proposer_metrics(scored, self.n_solver), columns=columns)
 
 
-def solver_engine(solver_model: str, cfg: TrainConfig, search: SearchBackend, device: str, solver_url: str | None = None) -> RolloutEngine:
-    """The frozen solver: its own model copy (or a server), the tool-call protocol (Figure 6
-    prompt), the run's turn limits, and a sampling seed apart from the proposer's."""
+def solver_engine(solver_model: str, cfg: TrainConfig, search: SearchBackend, device: str, solver_url: str | None = None,
+                  protocol: str = "tool_call") -> RolloutEngine:
+    """The frozen solver: its own model copy (or a server), its protocol (Dr. Zero's tool calls and
+    Figure 6 prompt by default), the run's turn limits, and a sampling seed apart from the proposer's."""
     from zsearch_cli.rollout.build import build_engine
 
     backend = solver_backend(solver_model, solver_url, backend=cfg.policy.backend, device=device, dtype=cfg.policy.dtype)
-    return build_engine(cfg, backend=backend, search=search, protocol="tool_call", seed=cfg.seed + 1)
+    return build_engine(cfg, backend=backend, search=search, protocol=protocol, seed=cfg.seed + 1)
+
+
+RUN_DEFAULTS = {"solver_protocol": "tool_call", "proposer_prompt": "figure5", "answer_reward": "extractable"}
+"""What a proposer.json written before these options existed ran with."""
 
 
 def _check_run_file(out: Path, options: dict[str, Any], resume: bool) -> None:
     path = out / RUN_FILE
     if not (resume and path.is_file()):
         return
-    saved = json.loads(path.read_text())
+    saved = {**RUN_DEFAULTS, **json.loads(path.read_text())}
     changed = [f"{k}={saved.get(k)!r}->{v!r}" for k, v in options.items() if saved.get(k) != v]
     if changed:
         raise ZsearchError(f"--resume: options differ from the proposer run in {out} ({', '.join(changed)}); "
@@ -155,7 +165,8 @@ def _write_run_file(out: Path, options: dict[str, Any]) -> None:
 
 
 def train_proposer(cfg: TrainConfig, *, solver_model: str | None = None, solver_url: str | None = None,
-                   solver_samples: int = 5, hop_ratio: str = "4:3:2:1", console: Any = None) -> Path:
+                   solver_samples: int = 5, hop_ratio: str = "4:3:2:1", solver_protocol: str = "tool_call",
+                   proposer_prompt: str = "figure5", answer_reward: str = "extractable", console: Any = None) -> Path:
     """Train the proposer with HRPO for ``cfg.steps`` steps; returns OUT/final.
 
     ``cfg`` is a :class:`~zsearch_cli.train.config.TrainConfig` with ``algo='hrpo'`` and the
@@ -171,15 +182,17 @@ def train_proposer(cfg: TrainConfig, *, solver_model: str | None = None, solver_
         raise ZsearchError(f"proposer training runs --algo hrpo with the tool_call protocol, got "
                            f"--algo {cfg.algo} --protocol {cfg.rollout.protocol}")
     proposer_run = {"solver_model": solver_model or cfg.policy.model, "solver_url": solver_url or None,
-             "solver_samples": solver_samples, "hop_ratio": hop_ratio}
+             "solver_samples": solver_samples, "hop_ratio": hop_ratio, "solver_protocol": solver_protocol,
+             "proposer_prompt": proposer_prompt, "answer_reward": answer_reward}
     _check_run_file(Path(cfg.run.out), proposer_run, cfg.run.resume)
     index_dir = cfg.retrieval.index or Path("runs/index")
-    data = ProposerData(load_index(index_dir), cfg.batch_size, hop_ratio, cfg.seed, load_tokenizer(cfg.policy.model))
-    reward = ProposerReward(data, solver_samples)
+    data = ProposerData(load_index(index_dir), cfg.batch_size, hop_ratio, cfg.seed, load_tokenizer(cfg.policy.model),
+                        style=proposer_prompt)
+    reward = ProposerReward(data, solver_samples, answer_reward=answer_reward)
     search = make_search_backend(cfg.retrieval.search, index_dir=index_dir)
     trainer = Trainer(cfg, search=search, data=data, batch_reward_fn=reward, console=console)
     reward.solver = solver_engine(proposer_run["solver_model"], cfg, search, str(trainer.accelerator.device),
-                                  solver_url=proposer_run["solver_url"])
+                                  solver_url=proposer_run["solver_url"], protocol=solver_protocol)
     if trainer.accelerator.is_main_process:
         _write_run_file(Path(cfg.run.out), proposer_run)
     return trainer.train()

@@ -189,6 +189,16 @@ class ProposerOptions:
     """Solver answers per question (n of the difficulty reward)."""
     hop_ratio: str = "4:3:2:1"
     """Ratio of 1:2:3:4-hop questions."""
+    # The registry is rollout.protocols.PROTOCOLS; this module stays free of it (light on purpose).
+    solver_protocol: str = option("tool_call", choices=("tool_call", "tags"))
+    """The solver's action format: tool_call (Dr. Zero's) or tags (Search-R1's: a solver warmed on it,
+    like smollm2-warm, never answers under tool calls)."""
+    proposer_prompt: str = option("figure5", choices=("figure5", "short"))
+    """The proposer's prompt: figure5 (Dr. Zero's, ~2,600 tokens) or short (one worked example,
+    1-hop questions only: what a 135M model follows)."""
+    answer_reward: str = option("extractable", choices=("extractable", "grounded"))
+    """The format reward's answer part: extractable (the paper's: any <answer>) or grounded (Dr. Zero's
+    code's: the answer is in the source passage or a tool response, at most 5 words; half for 10)."""
 
 
 @dataclass(kw_only=True)

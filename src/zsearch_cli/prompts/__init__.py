@@ -208,11 +208,34 @@ def format_source_document(title: str, text: str) -> str:
     return f'(Title: "{title}")\n{text}\n'
 
 
-def render_proposer_prompt(hops: int, document: str) -> str:
-    """Figure 5 with ``n`` = ``hops`` and the (already truncated) source document."""
+# Ours, not the paper's (`--proposer-prompt short`, stages/drzero-mini.sh): smollm2 (135M) given
+# Figure 5's ~2,600 tokens of instructions wrote a <question> in none of 8 proposals; with this
+# one worked example 8 of 8 passed the format gate (best of 2), without one it copied the format
+# lines themselves. 1-hop only: the example asks for a fact of the document, with no search. Its
+# facts are not in the bundled corpus, so a proposal copying it (7 of those 8 did) cannot be
+# answered from it, and `--answer-reward grounded` pays its answer nothing (docs/drzero-mini.md).
+DRZERO_SHORT_PROPOSER_TEMPLATE = """Write one question about the document below, and its short answer. The answer must be a name, a date or a number taken from the document, and it must not appear in the question. Use exactly this format:
+<question> your question </question>
+<answer> your answer </answer>
+
+Example document: (Title: "Sydney Opera House") The Sydney Opera House is a performing arts centre in Sydney, Australia. It was designed by the Danish architect Jorn Utzon and opened in 1973.
+<question> Which Danish architect designed the Sydney Opera House? </question>
+<answer> Jorn Utzon </answer>
+
+Document: {document}"""
+
+PROPOSER_PROMPTS = {"figure5": DRZERO_PROPOSER_TEMPLATE, "short": DRZERO_SHORT_PROPOSER_TEMPLATE}
+"""``--proposer-prompt``: the template of each choice, with ``{hops}`` and ``{document}``."""
+
+
+def render_proposer_prompt(hops: int, document: str, style: str = "figure5") -> str:
+    """The proposer prompt ``style`` (Figure 5 by default) with ``n`` = ``hops`` and the
+    (already truncated) source document."""
     if not isinstance(hops, int) or hops < 1:
         raise ValueError(f"hops must be a positive integer, not {hops!r}")
-    return DRZERO_PROPOSER_TEMPLATE.format(hops=hops, document=document)
+    if style not in PROPOSER_PROMPTS:
+        raise ValueError(f"unknown proposer prompt {style!r}: use one of {', '.join(PROPOSER_PROMPTS)}")
+    return PROPOSER_PROMPTS[style].format(hops=hops, document=document)
 
 
 def render_solver_prompt(question: str) -> str:
