@@ -13,7 +13,7 @@ Every figure says where it comes from, and each is an estimate of the large part
 - BM25: 0.54 KiB per passage, measured (542 MB at 1M passages, README "Performance: BM25 at
   wiki-18 scale"; ~11 GiB at wiki-18's 21M);
 - the adopted faiss file: its size, memory-mapped: page cache on a CPU, half of it in fp16 on a
-  GPU (docs/index.md);
+  GPU (docs/commands/index.md);
 - training, per process under DDP (each holds a whole copy): the policy's weights and gradients
   in bf16 (2 + 2 bytes per parameter) and AdamW's two moments, which torch keeps in the
   weights' dtype (4 bytes); with LoRA only the weights (the adapter is small); the frozen
