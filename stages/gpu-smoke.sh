@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The first thing to run on a GPU machine: does the vLLM path work here, and what does a step cost?
 #   1. index the bundled demo corpus (BM25);
-#   2. zsearch doctor --backend vllm in bf16 (docs/doctor.md): versions and devices, vLLM's CUDA
+#   2. zsearch doctor --backend vllm in bf16 (docs/commands/doctor.md): versions and devices, vLLM's CUDA
 #      kernels against the trainer's forward, the weight sync, the chat template, BM25 at 256
 #      requests in flight; it stops here if a check fails (doctor's lines say which);
 #   3. a few GRPO steps with --backend vllm (rollouts in vLLM, the weight sync after each update);

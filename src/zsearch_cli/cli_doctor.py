@@ -1,4 +1,4 @@
-"""The ``zsearch doctor`` command: the self-check before a training run (docs/doctor.md).
+"""The ``zsearch doctor`` command: the self-check before a training run (docs/commands/doctor.md).
 
 Kept apart from ``cli.py`` only for length; ``cli.py`` registers it on the one app. Like every
 command it parses options and calls a library function (``commands/doctor.py``).

@@ -9,5 +9,5 @@
 - :mod:`.behaviour`: per-trajectory search behaviour (searches after the answer appeared,
   repeated queries, answer in context) and the derived probe measures.
 
-docs/audit.md defines every number.
+docs/commands/audit.md defines every number.
 """

@@ -2,7 +2,7 @@
 and what ``zsearch eval --probe`` derives its measures from. Pure functions of the engine's
 record (``Trajectory.turns``, or an eval example's ``turn_log`` JSON): no model, no index.
 
-Definitions (docs/audit.md):
+Definitions (docs/commands/audit.md):
 
 - a *search* is a turn whose queries ran (it has ``docs``), as ``num_searches`` counts;
 - the answer *appeared* once a retrieved passage (title or text) held a gold answer,

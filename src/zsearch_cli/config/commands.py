@@ -309,7 +309,7 @@ class AgentServeOptions(Seeded):
 
 @dataclass(kw_only=True)
 class AuditOptions(Subset):
-    """``zsearch audit``: what a QA set can score on a corpus (docs/audit.md)."""
+    """``zsearch audit``: what a QA set can score on a corpus (docs/commands/audit.md)."""
 
     retrieval: RetrievalOptions = part(RetrievalOptions)
     data: DatasetOptions = part(DatasetOptions)
@@ -322,7 +322,7 @@ class AuditOptions(Subset):
 @dataclass(kw_only=True)
 class DoctorOptions(Seeded):
     """``zsearch doctor``: the self-check to run on a machine before training on it
-    (docs/doctor.md). Give it the model, backend, dtype, search and rollout options of the
+    (docs/commands/doctor.md). Give it the model, backend, dtype, search and rollout options of the
     training run it vouches for."""
 
     policy: ModelOptions = part(ModelOptions)

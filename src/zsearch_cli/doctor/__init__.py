@@ -8,6 +8,6 @@ Each check is a library function returning a :class:`~zsearch_cli.doctor.results
 - ``template.check_chat_template``: the engine's token stream against the chat template;
 - ``load.check_retrieval_load``: the search backend at the training's concurrency.
 
-``run.run_doctor`` runs those ``--checks`` names; docs/doctor.md says what each proves and
+``run.run_doctor`` runs those ``--checks`` names; docs/commands/doctor.md says what each proves and
 why its thresholds are what they are.
 """

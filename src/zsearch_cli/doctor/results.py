@@ -1,6 +1,6 @@
 """What every doctor check returns: a :class:`CheckResult` (a verdict, one table cell of
 numbers, the details for ``doctor.json`` and one line per failure), and the parity
-thresholds by dtype (the reasons are in docs/doctor.md, "Thresholds")."""
+thresholds by dtype (the reasons are in docs/commands/doctor.md, "Thresholds")."""
 
 from __future__ import annotations
 
