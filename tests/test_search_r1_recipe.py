@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from test_adopt_faiss import search_r1_build, write_wiki18
-from zsearch_cli.recipe_plan import BM25_BYTES_PER_PASSAGE, GIB, model_params, plan
+from zsearch_cli.recipe_plan import BM25_BYTES_PER_PASSAGE, GIB, KNOWN_PARAMS, model_params, plan
 from zsearch_cli.retrieval.dense import resolve_encoder
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,11 +89,21 @@ def test_the_plan_arithmetic():
     assert round(3.09e9 * 8 / GIB, 1) == 23.0
 
 
-def test_model_params_from_a_local_config(tiny_model_dir):
-    cfg = json.loads((tiny_model_dir / "config.json").read_text())
-    h, n, v, i = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"], cfg["intermediate_size"]
-    tied = cfg.get("tie_word_embeddings", True)
-    assert model_params(str(tiny_model_dir)) == v * h * (1 if tied else 2) + n * (4 * h * h + 3 * h * i)
+def test_model_params_from_a_local_config(tiny_model_and_tokenizer, tiny_model_dir, tmp_path):
+    # Against the real model, not the formula again: the tiny Qwen2 (h 64, 2 layers, 4 heads of
+    # which 2 key-value, vocab 640, tied) has 115,264 parameters, of which biases (q, k, v:
+    # 128 per layer) and norms (2 x 64 per layer + 64) are 576; the estimate leaves those out.
+    # Counting k and v at the full width (4 h^2) would give 122,880, 6.6% over, and fail.
+    model, _ = tiny_model_and_tokenizer
+    real = sum(p.numel() for p in model.parameters())
+    assert model_params(str(tiny_model_dir)) == pytest.approx(real, rel=0.01)
+    # Qwen2.5-3B's config.json: the model card says 3.09B; the full-width count says 3.35B
+    qwen3b = tmp_path / "qwen2.5-3b"
+    qwen3b.mkdir()
+    (qwen3b / "config.json").write_text(json.dumps({
+        "hidden_size": 2048, "num_hidden_layers": 36, "vocab_size": 151936, "intermediate_size": 11008,
+        "num_attention_heads": 16, "num_key_value_heads": 2, "tie_word_embeddings": True}))
+    assert model_params(str(qwen3b)) == pytest.approx(KNOWN_PARAMS["Qwen/Qwen2.5-3B"], rel=0.01)
 
 
 def test_dry_run_prints_every_command_and_the_plan_and_runs_nothing(files, tmp_path, tiny_model_dir):

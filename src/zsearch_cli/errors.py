@@ -136,17 +136,23 @@ def _without_credentials(text: str) -> str:
                        else f"{m.group(1)}{m.group(2)}={REDACTED}", text)
 
 
+def _map_strings(values, fn):  # type: ignore[no-untyped-def]
+    """``values`` (a mapping, a list, a tuple or one value) with every string through ``fn``,
+    containers copied and other values as they are."""
+    if isinstance(values, str):
+        return fn(values)
+    if isinstance(values, dict):
+        return {k: _map_strings(v, fn) for k, v in values.items()}
+    if isinstance(values, (list, tuple)):
+        return type(values)(_map_strings(v, fn) for v in values)
+    return values
+
+
 def stored_config(values):  # type: ignore[no-untyped-def] - any JSON-like value, returned alike
     """``values`` (a mapping of options, a list, or one value) with every string through
     :func:`stored_value`, containers copied; the one path from options to anything written
     to disk."""
-    if isinstance(values, str):
-        return stored_value(values)
-    if isinstance(values, dict):
-        return {k: stored_config(v) for k, v in values.items()}
-    if isinstance(values, (list, tuple)):
-        return type(values)(stored_config(v) for v in values)
-    return values
+    return _map_strings(values, stored_value)
 
 
 def holds_withheld(value: object) -> bool:
@@ -188,13 +194,7 @@ def read_back(values):  # type: ignore[no-untyped-def] - any JSON-like value, re
 
 
 def _marked(values):  # type: ignore[no-untyped-def]
-    if isinstance(values, str):
-        return Withheld(values) if holds_withheld(values) else values
-    if isinstance(values, dict):
-        return {k: _marked(v) for k, v in values.items()}
-    if isinstance(values, (list, tuple)):
-        return type(values)(_marked(v) for v in values)
-    return values
+    return _map_strings(values, lambda text: Withheld(text) if holds_withheld(text) else text)
 
 
 def one_line(text: str) -> str:

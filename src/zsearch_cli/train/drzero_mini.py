@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.train.recipe_report import WALL_LIMIT_S, goal_lines, missed_goals, wall_time_line, write_text_atomic
 
 PARSE_MIN = 0.8
-WALL_LIMIT_S = 3600.0
 BEFORE = "eval-heldout-before"
 """OUT/BEFORE: the greedy eval of the base model on the held-out questions, with the settings
 of the loop's own eval step (checked: :data:`SAME_SETTINGS`)."""
@@ -138,12 +138,6 @@ def iteration_table(rows: list[dict[str, Any]], before: tuple[float, int] | None
     return "\n".join(lines)
 
 
-def _write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
 def _before(out: Path) -> tuple[float, int] | None:
     return None if not (out / BEFORE).is_dir() else _em_n(_eval_summary(out / BEFORE))
 
@@ -156,8 +150,8 @@ def progress(out: Path) -> list[dict[str, Any]]:
     """Write the table so far (OUT/iterations.md, OUT/iterations.json); returns its rows."""
     rows = iterations(out)
     before = _before(out)
-    _write(out / "iterations.md", iteration_table(rows, before) + "\n")
-    _write(out / "iterations.json", json.dumps({"before_em": before, "iterations": rows}, indent=2) + "\n")
+    write_text_atomic(out / "iterations.md", iteration_table(rows, before) + "\n")
+    write_text_atomic(out / "iterations.json", json.dumps({"before_em": before, "iterations": rows}, indent=2) + "\n")
     return rows
 
 
@@ -193,7 +187,7 @@ def report(out: Path, wall_s: float, iterations_expected: int = 2) -> dict[str, 
     }
     # Reported, never a goal: a recipe passes or fails on what it learns (issue 36.11).
     s["within_time_budget"] = wall_s <= WALL_LIMIT_S
-    _write(out / "summary.json", json.dumps(s, indent=2) + "\n")
+    write_text_atomic(out / "summary.json", json.dumps(s, indent=2) + "\n")
     return s
 
 
@@ -202,10 +196,8 @@ def table(s: dict[str, Any]) -> str:
     lines = [iteration_table(s["iterations"], (s["em_before"], s["heldout_n"])), "",
              f"held-out EM {s['em_before']:.3f} -> {s['em_after']:.3f} ({s['em_change_questions']:+d} of "
              f"{s['heldout_n']} questions); the whole recipe {s['wall_s'] / 60:.1f} min.", ""]
-    lines += [f"- [{'x' if ok else ' '}] {goal}" for goal, ok in s["goals"].items()]
-    budget = "within" if s["within_time_budget"] else "over"
-    lines.append(f"- wall time {s['wall_s'] / 60:.1f} min, {budget} the {WALL_LIMIT_S / 60:.0f}-minute budget of the "
-                 "reference machine (reported, not a goal)")
+    lines += goal_lines(s["goals"])
+    lines.append(wall_time_line(s["wall_s"], s["within_time_budget"]))
     return "\n".join(lines)
 
 
@@ -231,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(table(summary))
-    missed = [goal for goal, ok in summary["goals"].items() if not ok]
+    missed = missed_goals(summary["goals"])
     print(f"drzero-mini check: {'MISSED: ' + '; '.join(missed) if missed else 'every goal met'}")
     return 1 if missed and args.strict else 0
 

@@ -28,13 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.train.recipe_report import WALL_LIMIT_S, goal_lines, missed_goals, wall_time_line, write_text_atomic
 
 WINDOW = 5
 """Steps averaged at each end of the run: one step's reward follows which prompts it drew."""
 TARGET_SUCCESS = 0.25
 """The success rate :func:`mixed_questions` prefers: 1 - 0.75^4 - 0.25^4 = 0.68 of G = 4 groups are mixed."""
 REWARD_RISE = 0.25
-WALL_LIMIT_S = 3600.0
 EVALS = ("trained-before", "trained-after", "heldout-before", "heldout-after")
 """The recipe's eval folders, OUT/eval-NAME: greedy, the trained questions or the test split."""
 
@@ -64,9 +64,7 @@ def select(trajectories: Path, qa: Path, n: int, out: Path) -> list[tuple[str, i
                            "collect more questions or more samples per question (-G)")
     ids = {c[0] for c in chosen}
     lines = [line for line in qa.read_text().splitlines() if line.strip() and json.loads(line)["id"] in ids]
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text("\n".join(lines) + "\n")
-    tmp.replace(out)
+    write_text_atomic(out, "\n".join(lines) + "\n")
     return chosen
 
 
@@ -130,9 +128,7 @@ def report(out: Path, wall_s: float) -> dict[str, Any]:
     for key in ("kl_ref_last", "kl_ref_last_median"):  # no reference (beta 0): null, not NaN, in the JSON
         if s[key] != s[key]:
             s[key] = None
-    tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(s, indent=2) + "\n")
-    tmp.replace(out / "summary.json")
+    write_text_atomic(out / "summary.json", json.dumps(s, indent=2) + "\n")
     return s
 
 
@@ -146,10 +142,8 @@ def table(s: dict[str, Any]) -> str:
              f"| greedy EM, the {s['heldout_n']} held-out test questions | {s['em_heldout_before']:.3f} | {s['em_heldout_after']:.3f} |",
              f"| KL to the reference, the last {WINDOW} steps: mean (median) | 0 | {kl} |",
              "", f"{s['steps']} steps, training {s['train_s'] / 60:.1f} min, the whole recipe {s['wall_s'] / 60:.1f} min.", ""]
-    lines += [f"- [{'x' if ok else ' '}] {goal}" for goal, ok in s["goals"].items()]
-    budget = "within" if s.get("within_time_budget", True) else "over"
-    lines.append(f"- wall time {s['wall_s'] / 60:.1f} min, {budget} the {WALL_LIMIT_S / 60:.0f}-minute budget of the "
-                 "reference machine (reported, not a goal)")
+    lines += goal_lines(s["goals"])
+    lines.append(wall_time_line(s["wall_s"], s.get("within_time_budget", True)))
     return "\n".join(lines)
 
 
@@ -174,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             summary = report(args.out, args.wall_s)
             print(table(summary))
-            missed = [goal for goal, ok in summary["goals"].items() if not ok]
+            missed = missed_goals(summary["goals"])
             print(f"overfit check: {'MISSED: ' + '; '.join(missed) if missed else 'every goal met'}")
             if missed and args.strict:
                 return 1

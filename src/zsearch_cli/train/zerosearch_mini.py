@@ -31,9 +31,9 @@ from pathlib import Path
 from typing import Any
 
 from zsearch_cli.errors import ZsearchError
+from zsearch_cli.train.recipe_report import WALL_LIMIT_S, goal_lines, missed_goals, write_text_atomic
 
 GAP_MIN = 0.30
-WALL_LIMIT_S = 3600.0
 WINDOW = 5
 """Steps averaged at each end of the RL run (fewer when it is shorter than 2 x WINDOW)."""
 STAGES = ("collect", "judge-rule", "judge-lm", "eval-heldout-before", "control-base", "simsft",
@@ -179,9 +179,7 @@ def report(out: Path) -> dict[str, Any]:
     }
     s["goals"] = {GOALS[k]: bool(v) for k, v in ok.items()}  # NaN compares False: a missed goal
     s = _nan_to_none(s)
-    tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(s, indent=2) + "\n")
-    tmp.replace(out / "summary.json")
+    write_text_atomic(out / "summary.json", json.dumps(s, indent=2) + "\n")
     return s
 
 
@@ -217,7 +215,7 @@ def table(s: dict[str, Any]) -> str:
         "Minutes per stage: " + ", ".join(f"{k} {v / 60:.1f}" for k, v in s["stage_s"].items())
         + f"; the whole recipe {s['wall_s'] / 60:.1f} min.", "",
     ]
-    lines += [f"- [{'x' if met else ' '}] {goal}" for goal, met in s["goals"].items()]
+    lines += goal_lines(s["goals"])
     return "\n".join(lines)
 
 
@@ -243,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         summary = report(args.out)
         print(table(summary))
-        missed = [goal for goal, met in summary["goals"].items() if not met]
+        missed = missed_goals(summary["goals"])
         print(f"zerosearch-mini check: {'MISSED: ' + '; '.join(missed) if missed else 'every goal met'}")
         return 1 if missed and args.strict else 0
     except ZsearchError as err:
