@@ -19,22 +19,16 @@ import typer
 
 from zsearch_cli.cli import app
 from zsearch_cli.config.ranges import range_for
+from zsearch_cli.docs_reference import walk_commands
 
 GOLDEN = Path(__file__).parent / "golden" / "flags.txt"
 
 
-def _commands(group, prefix=""):
-    for name, cmd in sorted(group.commands.items()):
-        if hasattr(cmd, "commands"):
-            yield from _commands(cmd, f"{prefix}{name} ")
-        else:
-            yield f"{prefix}{name}", cmd
-
-
 def flag_lines() -> list[str]:
-    """One line per parameter: command, parameter (the YAML key), flags, default, range."""
+    """One line per parameter: command, parameter (the YAML key), flags, default, range.
+    (The same walk writes docs/reference.md.)"""
     lines = []
-    for name, cmd in _commands(typer.main.get_command(app)):
+    for name, cmd in walk_commands(typer.main.get_command(app)):
         for p in sorted(cmd.params, key=lambda p: p.name):
             flags = " ".join(sorted([*getattr(p, "opts", []), *getattr(p, "secondary_opts", [])]))
             kind = "argument" if p.param_type_name == "argument" else "option"
