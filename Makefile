@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.zsearch-setup
 
-.PHONY: setup setup-vllm test test-main test-vllm demo overfit zerosearch-mini drzero-mini bench clean
+.PHONY: setup setup-vllm test test-main test-vllm demo overfit zerosearch-mini drzero-mini bench docs clean
 
 setup: $(STAMP)
 
@@ -79,5 +79,12 @@ bench: setup
 	$(PY) bench/rollout.py --real
 	$(PY) bench/generate.py
 
+# The manual as a site in site/ (mkdocs.yml). The option reference is rewritten from the
+# declarations first, so the site never shows stale flags; --strict fails on a link to a
+# missing page or heading. NO_MKDOCS_2_WARNING: mkdocs-material's end-of-life banner, not ours.
+docs: setup
+	$(PY) -m zsearch_cli.docs_reference
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
+
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache build *.egg-info src/*.egg-info src/zsearch_cli/retrieval/_maxscore*.so
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache build site *.egg-info src/*.egg-info src/zsearch_cli/retrieval/_maxscore*.so

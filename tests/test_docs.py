@@ -1,5 +1,6 @@
 """The project documents its own methods: every "docs/methods.md §n" citation in the code,
-tests and README names a section that exists, and the docs the README links are there."""
+tests and README names a section that exists, the docs the README links are there, and every
+docs page the code, stages, tests, bench, Makefile or docs name by path exists."""
 
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ def test_readme_links_the_docs():
 
 def test_no_citation_of_documents_outside_the_repo():
     # Code once cited an external note ("FORMULAS §n") and the papers' code as "the anchor";
-    # neither is in the repository. /work/wt/docs-rewrite.py rewrites such citations.
+    # neither is in the repository, so a reader could not follow such a citation.
     stale = re.compile(r"FORMULAS|\banchor\b")
     allowed = {"test_server.py"}  # "anchor" is a word of a random-text fixture there
     bad = [f"{p.relative_to(ROOT)}:{i}" for p in cited_files() if p.name not in allowed
@@ -100,3 +101,43 @@ def test_every_prompt_constant_lives_in_the_prompts_package():
                        if isinstance(t, ast.Name) and is_text and ("PROMPT" in t.id or "TEMPLATE" in t.id)
                        and not t.id.endswith("CHAT_TEMPLATE")]
     assert not strays, strays
+
+
+DOC_PATH = re.compile(r"(?<![\w./-])docs/[\w./-]+?\.md\b")
+"""A docs page named by its path from the repository root: ``docs/commands/serve.md``."""
+
+
+def doc_path_files() -> list[Path]:
+    """Where a docs page may be named by path: README.md and CHANGELOG.md are left out
+    (CHANGELOG is history: it names pages as they were then), as are build outputs and this
+    file (it names missing pages on purpose)."""
+    roots = [ROOT / "src" / "zsearch_cli", ROOT / "stages", ROOT / "tests", ROOT / "bench", ROOT / "docs"]
+    files = [ROOT / "Makefile", ROOT / "mkdocs.yml"]
+    for root in roots:
+        files += [p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                  and p.suffix in {".py", ".sh", ".md", ".txt", ".yml", ".yaml", ".toml", ".c"}]
+    return sorted(f for f in files if f.is_file() and f.resolve() != Path(__file__).resolve())
+
+
+def dangling_doc_paths(files: list[Path], root: Path = ROOT) -> list[str]:
+    """``file:line: docs/x.md`` for each docs page named in ``files`` that ``root`` lacks."""
+    bad = []
+    for path in files:
+        for i, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+            bad += [f"{path.relative_to(root)}:{i}: {m}" for m in DOC_PATH.findall(line) if not (root / m).is_file()]
+    return bad
+
+
+def test_every_docs_page_named_by_path_exists():
+    bad = dangling_doc_paths(doc_path_files())
+    assert not bad, "docs pages named but missing (moved or merged? name the new page):\n" + "\n".join(bad)
+
+
+def test_the_docs_path_check_catches_a_missing_page(tmp_path):
+    # the check above must be able to fail: a page named in code that the tree lacks
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "here.md").write_text("# here\n", encoding="utf-8")
+    code = tmp_path / "m.py"
+    code.write_text('"""See docs/here.md and docs/gone.md (docs/sub/also-gone.md, "Trimming")."""\n'
+                    "x = 'site/docs/not-ours.md'\n", encoding="utf-8")
+    assert dangling_doc_paths([code], tmp_path) == ["m.py:1: docs/gone.md", "m.py:1: docs/sub/also-gone.md"]
