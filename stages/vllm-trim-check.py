@@ -1,4 +1,4 @@
-"""Does vLLM's zsearch path import any package the stage-2 kit dropped? (docs/offline.md, "Trimming")
+"""Does vLLM's zsearch path import any package the stage-2 kit dropped? (docs/gpu.md, "Trimming")
 
     python stages/vllm-trim-check.py [--drop-list stages/vllm-0.26-gpu-drop.txt]
 

@@ -1,6 +1,6 @@
 """The vLLM version range: the backend refuses a vLLM outside it in one line, and the range is
 the `gpu` extra's (pyproject.toml), so neither can move without the other. Which calls were
-compared across the range: docs/offline.md, "vLLM versions"."""
+compared across the range: docs/gpu.md, "vLLM versions"."""
 
 from __future__ import annotations
 

@@ -80,7 +80,7 @@ def check_environment(opts: Any) -> CheckResult:
                    "index_gib": index_bytes / GIB, "disk_free_gib": disk.free / GIB, "out": str(opts.out)}
     if kind == "vllm":
         if vllm is None or importlib.util.find_spec("vllm") is None:
-            res.fail("--backend vllm but vLLM is not installed (pip install 'zsearch[gpu]'; offline: docs/offline.md)")
+            res.fail("--backend vllm but vLLM is not installed (pip install 'zsearch[gpu]'; offline: docs/gpu.md)")
         else:
             from zsearch_cli.errors import ZsearchError
             from zsearch_cli.models.vllm_setup import check_vllm_version

