@@ -191,3 +191,15 @@ def test_missing_or_truncated_dense_files_are_rebuild_errors(corpus: Path, tiny_
     with pytest.raises(ZsearchError, match=f"{victim}.*rebuild the index") as err:
         load_index(out).search(["violin"], 3, "dense")
     assert "\n" not in str(err.value)
+
+
+def test_a_faiss_gpu_index_goes_to_the_process_gpu_not_gpu_0():
+    # Under `accelerate launch` each process's torch device is its own GPU; the index used to
+    # go to ordinal 0 whatever the device, so 8 processes put 8 copies of a wiki-18 index on
+    # the first GPU. No GPU here: the ordinal is a pure function of the device and torch's
+    # current device (injected).
+    from zsearch_cli.retrieval.dense import gpu_number
+
+    assert gpu_number("cuda:3") == 3
+    assert gpu_number("cuda", current=lambda: 5) == 5  # plain "cuda": the process's current GPU
+    assert gpu_number("cuda:0", current=lambda: 5) == 0  # an explicit ordinal wins

@@ -117,3 +117,20 @@ def test_a_sleeping_engine_refuses_to_generate(engine):
     finally:
         engine.asleep = set()
     assert len(engine.generate([[1, 2]], params)[0].token_ids) == 2  # awake again: it generates
+
+
+def test_gpu_memory_utilization_reaches_the_engine(tmp_path, vllm_tiny_dir, demo_index):
+    # The CPU build sizes its KV cache by VLLM_CPU_KVCACHE_SPACE, and the engine's settings refuse
+    # a GPU share there: that refusal, raised where the engine is built, shows the flag reached
+    # it (dropped on the way, the run would train and exit 0).
+    result = CliRunner().invoke(app, [
+        "train", "--backend", "vllm", "--gpu-memory-utilization", "0.6", "--algo", "grpo", "-G", "2",
+        "--batch-size", "2", "--steps", "1", "--model", str(vllm_tiny_dir), "--index", str(demo_index),
+        "--out", str(tmp_path / "run"), "--max-turn-tokens", "8", "--device", "cpu", "--save-every", "0"])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "--gpu-memory-utilization applies to GPUs" in text, result.output
+    # and with the HF backend it is refused before anything loads
+    result = CliRunner().invoke(app, ["train", "--backend", "hf", "--gpu-memory-utilization", "0.6",
+                                      "--model", str(tmp_path / "no-such-model"), "--out", str(tmp_path / "r2")])
+    text = " ".join(result.output.split())
+    assert result.exit_code == 2 and "--gpu-memory-utilization with --backend hf" in text, result.output

@@ -146,6 +146,9 @@ class RunConfig:
     """--backend vllm on a GPU: the engine sleeps during each update (vLLM's sleep mode): 1 moves its
     weights to CPU memory and frees its KV cache, 2 frees both (the weight sync refills them); 0 = off.
     Not with --rollout-overlap."""
+    gpu_memory_utilization: Optional[float] = option(None, range=Range(0, 1, lo_open=True), execution=True)
+    """--backend vllm on a GPU: the share of the GPU's memory the colocated engine reserves (weights
+    and KV cache) [0.5; Search-R1: 0.6]. More KV cache rolls out larger batches; less leaves the update room."""
 
 
 @dataclass(kw_only=True)

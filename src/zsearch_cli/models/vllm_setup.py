@@ -102,7 +102,7 @@ def engine_settings(platform: Any, dtype: str, gpu_memory_utilization: float | N
     settings: dict[str, Any] = {"dtype": str(resolve_dtype(dtype, platform.device_type)).removeprefix("torch.")}
     if platform.is_cpu():
         if gpu_memory_utilization is not None:
-            raise ZsearchError("gpu_memory_utilization applies to GPUs; on vLLM's CPU build set the KV cache "
+            raise ZsearchError("--gpu-memory-utilization applies to GPUs; on vLLM's CPU build set the KV cache "
                                "size with the environment variable VLLM_CPU_KVCACHE_SPACE (GiB)")
     else:
         frac = DEFAULT_GPU_MEMORY_UTILIZATION if gpu_memory_utilization is None else gpu_memory_utilization

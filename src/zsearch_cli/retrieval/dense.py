@@ -57,6 +57,20 @@ def pick_device(device: str) -> str:
     return device
 
 
+def gpu_number(device: str, current: Callable[[], int] | None = None) -> int:
+    """The CUDA ordinal a faiss GPU index goes to: ``cuda:N`` gives N; plain ``cuda`` gives
+    torch's current device, which ``accelerate launch`` sets to each process's own GPU. Never
+    a fixed 0: under DDP every process would put its copy of the index (~32 GB for wiki-18
+    in fp16) on the first GPU."""
+    if device.startswith("cuda:"):
+        return int(device.split(":", 1)[1])
+    if current is None:
+        import torch
+
+        current = torch.cuda.current_device
+    return int(current())
+
+
 def passage_texts(batch: pa.RecordBatch) -> list[str]:
     """What the encoder sees for a passage: Search-R1's ``"Title"\\ntext`` (text alone if untitled)."""
     titles, texts = batch.column("title").to_pylist(), batch.column("text").to_pylist()
@@ -252,9 +266,10 @@ class DenseSearcher:
                     if adopted:  # fp16 on the GPU, as Search-R1's server: ~32 GB for 21M x 768, not 64
                         from zsearch_cli.retrieval.faiss_file import gpu_cloner_options
 
-                        self.index = faiss.index_cpu_to_gpu(self._gpu_res, 0, self.index, gpu_cloner_options())
+                        self.index = faiss.index_cpu_to_gpu(self._gpu_res, gpu_number(self.device), self.index,
+                                                            gpu_cloner_options())
                     else:
-                        self.index = faiss.index_cpu_to_gpu(self._gpu_res, 0, self.index)
+                        self.index = faiss.index_cpu_to_gpu(self._gpu_res, gpu_number(self.device), self.index)
                 except RuntimeError:  # e.g. HNSW has no GPU version: stay on CPU
                     pass
             elif spec == "Flat":

@@ -273,6 +273,13 @@ def check_config(cfg: TrainConfig) -> Any:
              f"{' (no vLLM with CUDA here: auto is hf)' if cfg.policy.backend == 'auto' else ''}: the HF backend has no "
              "engine to put to sleep; use --backend vllm or --vllm-sleep 0")
         check_sleep_mode(cfg.run.vllm_sleep)  # the platform's vLLM has a sleep mode (not the CPU build)
+    if cfg.run.gpu_memory_utilization is not None:
+        from zsearch_cli.models.factory import vllm_available
+
+        need(cfg.policy.backend == "vllm" or (cfg.policy.backend == "auto" and vllm_available()),
+             f"--gpu-memory-utilization with --backend {cfg.policy.backend}"
+             f"{' (no vLLM with CUDA here: auto is hf)' if cfg.policy.backend == 'auto' else ''}: it sizes the vLLM "
+             "engine's share of the GPU; the HF backend has no engine")
     if cfg.collapse.guard and cfg.collapse.on_collapse == "rollback":
         need(cfg.run.save_every > 0, "--on-collapse rollback needs checkpoints to go back to: set --save-every > 0")
         need(not cfg.rollout_overlap, "--on-collapse rollback with --rollout-overlap: the rollouts drawn ahead "

@@ -381,4 +381,5 @@ def generation_backend(cfg: TrainConfig, accelerator: Any, policy: Any, tokenize
 
     start = str(resume_dir) if resume_dir is not None and cfg.optim.lora_r == 0 else cfg.policy.model
     return VLLMBackend(start, dtype=cfg.policy.dtype, seed=cfg.seed, tokenizer=tokenizer,
-                       max_model_len=cfg.rollout.max_context_tokens, sleep_level=cfg.run.vllm_sleep), None
+                       max_model_len=cfg.rollout.max_context_tokens, sleep_level=cfg.run.vllm_sleep,
+                       gpu_memory_utilization=cfg.run.gpu_memory_utilization), None

@@ -20,8 +20,8 @@ class SFTConfig(Seeded, Record):
 
     policy: ModelOptions = part(ModelOptions, exclude=("backend",))
     optim: OptimConfig = part(OptimConfig, lr=1e-5, lr_schedule="cosine", warmup_ratio=0.03)
-    run: RunConfig = part(RunConfig, exclude=("save_rollouts", "report_to", "vllm_sleep"), out=Path("runs/sft"),
-                          save_every=100)
+    run: RunConfig = part(RunConfig, exclude=("save_rollouts", "report_to", "vllm_sleep", "gpu_memory_utilization"),
+                          out=Path("runs/sft"), save_every=100)
 
     data: str = option("", argument=True, required=True, cli_type=Path, convert=str)
     """prompt/completion pairs (SFT_EXAMPLE) or trajectories (prompt_ids, response_ids, loss_mask)."""
