@@ -108,11 +108,11 @@ DOC_PATH = re.compile(r"(?<![\w./-])docs/[\w./-]+?\.md\b")
 
 
 def doc_path_files() -> list[Path]:
-    """Where a docs page may be named by path: README.md and CHANGELOG.md are left out
-    (CHANGELOG is history: it names pages as they were then), as are build outputs and this
-    file (it names missing pages on purpose)."""
+    """Where a docs page may be named by path: the README, the code, the recipes and the docs.
+    CHANGELOG.md is left out (it is history: it names pages as they were then), as are build
+    outputs and this file (it names missing pages on purpose)."""
     roots = [ROOT / "src" / "zsearch_cli", ROOT / "stages", ROOT / "tests", ROOT / "bench", ROOT / "docs"]
-    files = [ROOT / "Makefile", ROOT / "mkdocs.yml"]
+    files = [ROOT / "README.md", ROOT / "Makefile", ROOT / "mkdocs.yml"]
     for root in roots:
         files += [p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts
                   and p.suffix in {".py", ".sh", ".md", ".txt", ".yml", ".yaml", ".toml", ".c"}]
