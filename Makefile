@@ -44,11 +44,15 @@ $(VLLM_STAMP): pyproject.toml src/zsearch_cli/retrieval/_maxscore.c
 	touch $(VLLM_STAMP)
 
 # ZSEARCH_SKIP_VLLM=1 skips the vLLM suite (quick local runs only; CI never sets it).
+# The main suite runs on two pytest-xdist workers, a test file each at a time (its module
+# fixtures built once), one torch thread each (tests/conftest.py): half of its tests wait on
+# subprocesses, servers and sleeps, so one process kept 1.3 of the 2 cores busy (845 s) and
+# two keep 1.9 (599 s).
 test: test-main test-vllm
 
 test-main: setup
 	@$(PY) -c "import zsearch_cli.retrieval._maxscore" 2>/dev/null || { echo "error: the BM25 C loop (src/zsearch_cli/retrieval/_maxscore.c) is not built: install a C compiler, then make clean setup"; exit 1; }
-	$(PY) -m pytest tests -m 'not vllm' --ignore=tests/vllm
+	$(PY) -m pytest tests -m 'not vllm' --ignore=tests/vllm -n 2 --dist loadfile
 
 test-vllm:
 ifeq ($(ZSEARCH_SKIP_VLLM),1)
@@ -83,7 +87,7 @@ bench: setup
 # declarations first, so the site never shows stale flags; --strict fails on a link to a
 # missing page or heading. NO_MKDOCS_2_WARNING: mkdocs-material's end-of-life banner, not ours.
 docs: setup
-	$(PY) -m zsearch_cli.docs_reference
+	$(PY) -m zsearch_cli.cli_reference
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 clean:

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-TORCH_THREADS = 2
-"""The CI box has 2 cores; more threads only add contention."""
+TORCH_THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
+"""The CI box has 2 cores; more threads only add contention. ``make test`` runs two pytest-xdist
+workers, one thread each; a plain ``pytest`` run uses both cores in one process."""
 
 
 def _limit_torch_threads() -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from zsearch_cli.docs_reference import click_app, walk_commands
+from zsearch_cli.cli_reference import click_app, walk_commands
 
 ROOT = Path(__file__).resolve().parents[1]
 FENCE = re.compile(r"^```(?:bash|sh|shell|console)?\s*$\n(.*?)^```", re.M | re.S)

@@ -19,7 +19,7 @@ import typer
 
 from zsearch_cli.cli import app
 from zsearch_cli.config.ranges import range_for
-from zsearch_cli.docs_reference import walk_commands
+from zsearch_cli.cli_reference import walk_commands
 
 GOLDEN = Path(__file__).parent / "golden" / "flags.txt"
 

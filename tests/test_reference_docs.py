@@ -1,4 +1,4 @@
-"""docs/reference.md is generated from the option declarations (``zsearch_cli.docs_reference``):
+"""docs/reference.md is generated from the option declarations (``zsearch_cli.cli_reference``):
 it must be current, and it must say what ``--help`` says, markup and all."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from zsearch_cli import docs_reference
-from zsearch_cli.docs_reference import click_app, first_difference, help_text, main, render, walk_commands
+from zsearch_cli import cli_reference
+from zsearch_cli.cli_reference import click_app, first_difference, help_text, main, render, walk_commands
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "reference.md"
@@ -19,7 +19,7 @@ PAGE = ROOT / "docs" / "reference.md"
 
 def test_the_reference_page_is_current():
     diff = first_difference(PAGE.read_text(encoding="utf-8"), render())
-    assert diff is None, f"docs/reference.md is stale: run python -m zsearch_cli.docs_reference ({diff})"
+    assert diff is None, f"docs/reference.md is stale: run python -m zsearch_cli.cli_reference ({diff})"
 
 
 def test_a_changed_default_or_help_makes_the_page_stale(tmp_path, monkeypatch, capsys):
@@ -31,7 +31,7 @@ def test_a_changed_default_or_help_makes_the_page_stale(tmp_path, monkeypatch, c
     params = {p.name: p for p in group.commands["train"].params}
     lr = params["lr"].default
     monkeypatch.setattr(params["lr"], "default", 0.5)
-    monkeypatch.setattr(docs_reference, "click_app", lambda: group)
+    monkeypatch.setattr(cli_reference, "click_app", lambda: group)
     diff = first_difference(page.read_text(encoding="utf-8"), render())
     assert diff is not None and "`--lr`" in diff and "| `0.5` |" in diff.split("generated:")[1], diff
 

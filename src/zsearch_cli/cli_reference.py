@@ -7,10 +7,12 @@ key, the default and the accepted range or choices as ``--help`` shows them, the
 that declares the option, and its help text. ``tests/test_reference_docs.py`` fails when the
 page is stale, so the page cannot drift from the flags.
 
-    python -m zsearch_cli.docs_reference            # (re)write docs/reference.md
-    python -m zsearch_cli.docs_reference --check    # exit 1 naming the first stale line
+    python -m zsearch_cli.cli_reference            # (re)write docs/reference.md
+    python -m zsearch_cli.cli_reference --check    # exit 1 naming the first stale line
 
-Light on purpose: the CLI is imported only when a page is rendered (no torch either way).
+Light on purpose: the CLI is imported only when a page is rendered (no torch either way). A
+``cli_`` module: it reads the typer app, which no library module may import
+(``tests/test_config_parts.py``).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 PAGE = Path("docs/reference.md")
-REGENERATE = "python -m zsearch_cli.docs_reference"
+REGENERATE = "python -m zsearch_cli.cli_reference"
 
 
 def walk_commands(group: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -188,7 +190,7 @@ def first_difference(old: str, new: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name if __spec__ else 'zsearch_cli.docs_reference'}",
+    parser = argparse.ArgumentParser(prog=f"python -m {__spec__.name if __spec__ else 'zsearch_cli.cli_reference'}",
                                      description="Write the option reference from the declarations.")
     parser.add_argument("--out", type=Path, default=PAGE, help=f"the page [{PAGE}]")
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if the page is stale")
