@@ -66,7 +66,11 @@ def zsearch_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     if preset:
         yield Path(preset)
         return
-    path = tmp_path_factory.mktemp("zsearch_cache")
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # one folder for the workers: smollm2 is dequantized once
+        path = tmp_path_factory.getbasetemp().parent / "zsearch_cache"
+        path.mkdir(exist_ok=True)
+    else:
+        path = tmp_path_factory.mktemp("zsearch_cache")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ZSEARCH_CACHE", str(path))
         yield path
@@ -77,10 +81,16 @@ def smollm2_model_and_tokenizer(zsearch_cache: Path) -> tuple[Any, Any]:
     """The real default model via the ``smollm2`` alias (fp32, CPU). The first use in a
     session without a warm ``$ZSEARCH_CACHE`` dequantizes the GGUF (~20-30 s); mark tests
     that use it ``@pytest.mark.slow``."""
+    import fcntl
+
     from zsearch_cli.models.loading import load_model
 
     _limit_torch_threads()
-    return load_model("smollm2", device="cpu")
+    # under xdist the other worker may be building the shared cache: wait for it instead of
+    # building a second copy (the build is atomic either way; this saves its ~20 s of CPU)
+    with open(zsearch_cache / ".smollm2.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return load_model("smollm2", device="cpu")
 
 
 @pytest.fixture(scope="session")

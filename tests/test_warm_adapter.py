@@ -97,7 +97,7 @@ def test_loads_by_name_and_with_plain_peft(zsearch_cache, smollm2_model_and_toke
     greedy tokens, and not the base model's."""
     from peft import AutoPeftModelForCausalLM
 
-    from zsearch_cli.models.loading import load_model, resolve_model_path
+    from zsearch_cli.models.loading import load_model, load_tokenizer, resolve_model_path
     from zsearch_cli.protocol import model_identity
 
     base, tok = smollm2_model_and_tokenizer
@@ -112,6 +112,11 @@ def test_loads_by_name_and_with_plain_peft(zsearch_cache, smollm2_model_and_toke
     assert ours != plain
     model, _, adapter = model_identity("smollm2-warm")
     assert model == "smollm2" and adapter.startswith("smollm2-warm@sha256s:")
+    # The tokenizer alone, as `propose` loads the proposer's: the adapter folder has none of its
+    # own, so it is its base's (this failed with "cannot load tokenizer" and stopped drzero-mini)
+    assert not any(folder.glob("tokenizer*"))
+    text = "<search> Who painted the Mona Lisa? </search>"
+    assert load_tokenizer("smollm2-warm")(text)["input_ids"] == tok(text)["input_ids"]
 
 
 @pytest.mark.slow

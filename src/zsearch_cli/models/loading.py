@@ -255,6 +255,10 @@ def load_tokenizer(name_or_path: str) -> Any:
     from transformers import AutoTokenizer
 
     path = loadable_model_path(name_or_path)
+    if is_lora_checkpoint(path) and not any(Path(path).glob("tokenizer*")):
+        # an adapter folder (smollm2-warm, a --lora-r run's final/) carries no tokenizer of its
+        # own: its base's is the one it was trained with, as load_model uses
+        return load_tokenizer(adapter_base(path))
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as err:
