@@ -46,8 +46,8 @@ $(VLLM_STAMP): pyproject.toml src/zsearch_cli/retrieval/_maxscore.c
 # ZSEARCH_SKIP_VLLM=1 skips the vLLM suite (quick local runs only; CI never sets it).
 # The main suite runs on two pytest-xdist workers, a test file each at a time (its module
 # fixtures built once), one torch thread each (tests/conftest.py): half of its tests wait on
-# subprocesses, servers and sleeps, so one process kept 1.3 of the 2 cores busy (845 s) and
-# two keep 1.9 (599 s).
+# subprocesses, servers and sleeps: alone it took 845 s for ~1,100 CPU-seconds (1.3 cores on
+# average); two workers took 599 s at 186% CPU (/usr/bin/time).
 test: test-main test-vllm
 
 test-main: setup

@@ -262,24 +262,25 @@ def check_config(cfg: TrainConfig) -> Any:
     need(not (cfg.rollout_overlap and spec.on_policy),
          f"--rollout-overlap with --algo {cfg.algo}: its objective has no clipped ratio, and an unclipped "
          "update on stale samples destabilises within a few steps; use --rollout-overlap 0")
-    if cfg.run.vllm_sleep:  # the engine sleeps during each update (models/vllm.py, "Sleep mode")
+    def need_vllm_engine(option: str, why: str) -> None:  # an option that only the vLLM engine reads
         from zsearch_cli.models.factory import vllm_available
+
+        backend = cfg.policy.backend
+        need(backend == "vllm" or (backend == "auto" and vllm_available()),
+             f"{option} with --backend {backend}{' (no vLLM with CUDA here: auto is hf)' if backend == 'auto' else ''}"
+             f": {why}")
+
+    if cfg.run.vllm_sleep:  # the engine sleeps during each update (models/vllm.py, "Sleep mode")
         from zsearch_cli.models.vllm_setup import check_sleep_mode
 
         need(not cfg.rollout_overlap, f"--vllm-sleep {cfg.run.vllm_sleep} with --rollout-overlap: the engine rolls out "
              "the next steps during the update, so it cannot sleep then; use --vllm-sleep 0 or --rollout-overlap 0")
-        need(cfg.policy.backend == "vllm" or (cfg.policy.backend == "auto" and vllm_available()),
-             f"--vllm-sleep {cfg.run.vllm_sleep} with --backend {cfg.policy.backend}"
-             f"{' (no vLLM with CUDA here: auto is hf)' if cfg.policy.backend == 'auto' else ''}: the HF backend has no "
-             "engine to put to sleep; use --backend vllm or --vllm-sleep 0")
+        need_vllm_engine(f"--vllm-sleep {cfg.run.vllm_sleep}",
+                         "the HF backend has no engine to put to sleep; use --backend vllm or --vllm-sleep 0")
         check_sleep_mode(cfg.run.vllm_sleep)  # the platform's vLLM has a sleep mode (not the CPU build)
     if cfg.run.gpu_memory_utilization is not None:
-        from zsearch_cli.models.factory import vllm_available
-
-        need(cfg.policy.backend == "vllm" or (cfg.policy.backend == "auto" and vllm_available()),
-             f"--gpu-memory-utilization with --backend {cfg.policy.backend}"
-             f"{' (no vLLM with CUDA here: auto is hf)' if cfg.policy.backend == 'auto' else ''}: it sizes the vLLM "
-             "engine's share of the GPU; the HF backend has no engine")
+        need_vllm_engine("--gpu-memory-utilization",
+                         "it sizes the vLLM engine's share of the GPU; the HF backend has no engine")
     if cfg.collapse.guard and cfg.collapse.on_collapse == "rollback":
         need(cfg.run.save_every > 0, "--on-collapse rollback needs checkpoints to go back to: set --save-every > 0")
         need(not cfg.rollout_overlap, "--on-collapse rollback with --rollout-overlap: the rollouts drawn ahead "
