@@ -44,23 +44,34 @@ $(VLLM_STAMP): pyproject.toml src/zsearch_cli/retrieval/_maxscore.c
 	touch $(VLLM_STAMP)
 
 # ZSEARCH_SKIP_VLLM=1 skips the vLLM suite (quick local runs only; CI never sets it).
-# The main suite runs on two pytest-xdist workers, a test file each at a time (its module
-# fixtures built once), one torch thread each (tests/conftest.py): half of its tests wait on
-# subprocesses, servers and sleeps: alone it took 845 s for ~1,100 CPU-seconds (1.3 cores on
-# average); two workers took 599 s at 186% CPU (/usr/bin/time).
-test: test-main test-vllm
+# `make test` runs the two suites at once, sharing one fresh model cache (smollm2 is dequantized
+# once, not once per suite); the vLLM suite's output follows the main suite's. The main suite
+# runs on two pytest-xdist workers, a test file each at a time (its module fixtures built once),
+# the heaviest files first (tests/conftest.py, HEAVY_FILES), one torch thread each; the vLLM
+# suite, one process, fills the gaps where the workers wait on subprocesses, servers and sleeps.
+# Alone, one after the other, the suites took 588 s at 187% CPU and 224 s at 118% CPU
+# (/usr/bin/time, 2026-11-28, before the shared cache and the reordering).
+test: setup
+ifeq ($(ZSEARCH_SKIP_VLLM),1)
+	@echo "ZSEARCH_SKIP_VLLM=1: the vLLM suite is skipped"
+	@$(MAKE) --no-print-directory test-main
+else
+	@$(MAKE) --no-print-directory setup-vllm
+	@mkdir -p build; cache=$$(mktemp -d); log=build/test-vllm.log; start=$$(date +%s); \
+	echo "the vLLM suite runs beside the main suite; its output follows the main suite's ($$log)"; \
+	(ZSEARCH_CACHE=$$cache ZSEARCH_TEST_THREADS=1 $(MAKE) --no-print-directory test-vllm > $$log 2>&1; echo $$? > $$log.rc) & \
+	ZSEARCH_CACHE=$$cache $(MAKE) --no-print-directory test-main; main=$$?; wait; \
+	echo "==================== the vLLM suite ($$log)"; cat $$log; vllm=$$(cat $$log.rc); rm -rf $$cache; \
+	echo "make test: main suite exit $$main, vLLM suite exit $$vllm, $$(( $$(date +%s) - start )) s in all"; \
+	test $$main = 0 && test $$vllm = 0
+endif
 
 test-main: setup
 	@$(PY) -c "import zsearch_cli.retrieval._maxscore" 2>/dev/null || { echo "error: the BM25 C loop (src/zsearch_cli/retrieval/_maxscore.c) is not built: install a C compiler, then make clean setup"; exit 1; }
-	$(PY) -m pytest tests -m 'not vllm' --ignore=tests/vllm -n 2 --dist loadfile
+	$(PY) -m pytest tests -m 'not vllm' --ignore=tests/vllm -n 2 --dist loadfile --no-loadscope-reorder
 
-test-vllm:
-ifeq ($(ZSEARCH_SKIP_VLLM),1)
-	@echo "ZSEARCH_SKIP_VLLM=1: the vLLM suite is skipped"
-else
-	$(MAKE) setup-vllm
+test-vllm: setup-vllm
 	$(VLLM_ENV) $(VLLM_PY) -m pytest tests/vllm -m vllm -p no:cacheprovider --durations=5
-endif
 
 demo: setup
 	PATH=$(abspath $(VENV))/bin:$$PATH bash stages/quickstart.sh

@@ -13,9 +13,11 @@ from typing import Any
 
 import pytest
 
-TORCH_THREADS = 1 if os.environ.get("PYTEST_XDIST_WORKER") else 2
-"""The CI box has 2 cores; more threads only add contention. ``make test`` runs two pytest-xdist
-workers, one thread each; a plain ``pytest`` run uses both cores in one process."""
+from helpers import TORCH_THREADS
+
+# every process a test starts, unless it says otherwise: no thread that would only spin
+os.environ.setdefault("OMP_NUM_THREADS", str(TORCH_THREADS))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def _limit_torch_threads() -> None:
@@ -105,6 +107,28 @@ def demo_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
     result = CliRunner().invoke(app, ["index", "--out", str(out), "--kind", "bm25"])
     assert result.exit_code == 0, result.output
     return out
+
+
+# ----------------------------------------------------------------------------- the order files run in
+# `make test` deals whole files to its two xdist workers in collection order (with
+# --no-loadscope-reorder; xdist's own reorder puts the files with the most tests first, which
+# left the few-test, minute-long recipe files to the end, on one worker, while the other sat
+# idle). The heaviest files go first, longest-processing-time first, so the workers finish
+# together. The numbers are CPU-seconds per file measured under `make test` (2026-11-28); a
+# stale one only costs time, never a check.
+HEAVY_FILES = {
+    "test_drzero_mini.py": 105, "test_learning.py": 140, "test_zerosearch_mini.py": 63, "test_resume.py": 56,
+    "test_distributed.py": 90, "test_encode_shards.py": 47, "test_progress_and_replay.py": 46,
+    "test_adopt_faiss.py": 40, "test_export_alias.py": 39, "test_sigterm_abandon.py": 35,
+    "test_zerosearch_chain.py": 33, "test_overfit_recipe.py": 30, "test_search_r1_recipe.py": 28,
+    "test_sigterm_ddp.py": 47, "test_offline_kit.py": 26, "test_drzero.py": 25, "test_models.py": 18,
+    "test_guard_train.py": 15, "test_lm_head.py": 13, "test_progress_log_file.py": 12, "test_hardening_cli.py": 11,
+}
+"""test_sigterm_ddp's number is its wall time: it waits on a launcher's grace period, idle."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: -HEAVY_FILES.get(Path(str(item.fspath)).name, 0))  # stable: a file keeps its order
 
 
 # ----------------------------------------------------------------------------- the collapse guard's false alarms

@@ -7,6 +7,7 @@ random model covers real sampling elsewhere.
 
 from __future__ import annotations
 
+import os
 import random
 import threading
 import time
@@ -18,6 +19,13 @@ from zsearch_cli.retrieval.base import Passage
 from zsearch_cli.rollout.engine import QARow
 from zsearch_cli.rollout.trajectory import Trajectory
 from zsearch_cli.search.base import SearchBackend, SearchRequest, SearchResult
+
+TORCH_THREADS = int(os.environ.get("ZSEARCH_TEST_THREADS") or (1 if os.environ.get("PYTEST_XDIST_WORKER") else 2))
+"""Threads for torch in a test and in the processes it starts (OMP_NUM_THREADS, tests/conftest.py).
+The CI box has 2 cores, and `make test` keeps both busy (two pytest-xdist workers, and the vLLM
+suite beside them with ZSEARCH_TEST_THREADS=1): a second thread then only spins against the
+other processes (measured: tests/test_learning.py took 178 CPU-seconds with 2 threads a worker,
+59 with 1 and its two warm-ups made one). A plain ``pytest`` run uses both cores in one process."""
 
 
 class ScriptedBackend:

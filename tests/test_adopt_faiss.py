@@ -4,7 +4,7 @@ file, refuses each kind of mismatch in its own line, and refuses a changed or mo
 
 MiniLM stands in for e5-base-v2 with E5's prefixes given explicitly (`--passage-prefix
 'passage: ' --query-prefix 'query: '`), over the demo corpus in wiki-18's `contents` form,
-one passage per sentence (1,736 passages).
+every third sentence as a passage (579 passages).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
+from helpers import TORCH_THREADS
 from zsearch_cli.cli import app
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.retrieval import faiss_file
@@ -75,16 +76,17 @@ def write_wiki18(path: Path, rows: list[dict]) -> Path:
 
 @pytest.fixture(scope="module")
 def rows() -> list[dict]:
-    """wiki-18 rows `{id, contents}`: each sentence of each demo passage, under its title
-    (1,736 passages of 9 to ~80 tokens: the demo's 525 whole passages would cost twice the
-    encoding time on 2 cores for no other coverage)."""
+    """wiki-18 rows `{id, contents}`: every third sentence of the demo passages, under its title
+    (579 passages of 9 to ~80 tokens, from all over the corpus: the demo's 525 whole passages
+    would cost 6x the encoding time on 2 cores, and all 1,736 sentences 3x, for no other
+    coverage)."""
     demo = Path(__file__).parents[1] / "src/zsearch_cli/data/demo/corpus.jsonl"
     out = []
     for line in demo.read_text().splitlines():
         r = json.loads(line)
         for j, sentence in enumerate(s for s in re.split(r"(?<=[.!?])\s+", r["text"]) if s):
             out.append({"id": f"{r['id']}.{j}", "contents": f'"{r["title"]}"\n{sentence}'})
-    return out
+    return out[::3]
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +95,7 @@ def files(rows: list[dict], tmp_path_factory: pytest.TempPathFactory) -> dict[st
     import torch
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(TORCH_THREADS)
     d = tmp_path_factory.mktemp("adopt")
     minilm = resolve_encoder("minilm")
     contents = [r["contents"] for r in rows]
@@ -157,7 +159,7 @@ def test_manifest_records_the_file_and_nothing_is_copied(adopted: Path, files: d
     assert (dense["encoder"], dense["pooling"], dense["normalize"], dense["prefixes"]) == \
         ("minilm", "mean", True, ["query: ", "passage: "])
     assert manifest["corpus"]["fingerprint"] and manifest["kinds"] == ["bm25", "dense"]
-    assert [p.name for p in (adopted / "dense").iterdir()] == ["part.json"]  # no copy of the 3.5 MB file
+    assert [p.name for p in (adopted / "dense").iterdir()] == ["part.json"]  # no copy of the 0.9 MB file
     assert sum(f.stat().st_size for f in adopted.rglob("*") if f.is_file() and f.name != "corpus.arrow") \
         < files["index"].stat().st_size / 4
 
@@ -187,7 +189,7 @@ def adopt(corpus: Path, faiss_path: Path, out: Path, **opts) -> Path:
     ("index", "shuffled", r"the corpus is in another order than e5_Flat\.index: passage \d+ of the corpus is stored as vector \d+"),
     ("short", "small", r"short\.index matches the sampled passages of up to \d+ tokens and none of the \d+ longer ones .*another --max-length than 256"),
     ("unnormalised", "small", r"scaled\.index's vectors are not L2-normalised \(norms 2\.000"),
-    ("index", "small", r"e5_Flat\.index holds 1736 vectors, the corpus has 240 passages"),
+    ("index", "small", r"e5_Flat\.index holds 579 vectors, the corpus has 240 passages"),
 ])
 def test_each_mismatch_fails_with_its_own_line(case: str, corpus: str, message: str, files: dict[str, Path],
                                                tmp_path: Path) -> None:
@@ -228,7 +230,7 @@ def test_header_mismatches_fail_before_the_corpus_is_read(files: dict[str, Path]
 
 def test_a_changed_or_moved_file_is_refused_at_load(files: dict[str, Path], tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    # 4 KiB blocks: the 3.5 MB file is fingerprinted by its samples, as a 60 GiB one is
+    # 4 KiB blocks: the 0.9 MB file is fingerprinted by its samples, as a 60 GiB one is
     monkeypatch.setattr(faiss_file, "FINGERPRINT_BLOCK_BYTES", 4096)
     mine = shutil.copy(files["index"], tmp_path / "e5_Flat.index")
     out = adopt(files["corpus"], Path(mine), tmp_path / "idx")

@@ -120,28 +120,47 @@ BUDGET_FLAGS = dict(micro_batch_tokens=17, logits_chunk=2)
 one process makes 3 of all four) and a chunked LM head of 2 rows."""
 
 
-def _update_worker(out: Path, model_dir: str, algo: str, batch_size: int, variant: str = "rows") -> None:
+UPDATE_CASES = [("grpo", 2, "rows"), ("ppo", 2, "rows"), ("grpo", 2, "budget"), ("ppo", 2, "budget"),
+                ("grpo", 4, "balanced"), ("ppo", 4, "balanced")]
+"""(algo, B, variant) of the update tests: one process (or one launch) updates them all in turn,
+so the 6 comparisons pay for 2 interpreters and 1 launch, not 6 of each (make test's time)."""
+
+
+def _update_worker(out: Path, model_dir: str, cases: str) -> None:
     """One launched process (or the only one): the update of ``train/update.py`` on a fixed
-    batch, no rollout. The B prompts × 2 samples, their token ids, loss masks (of unequal
-    lengths, so PPO's token counts differ between the processes) and rewards are the same
-    in every launch; a process keeps prompts rank::world, as ``train/step_samples.py`` shares
-    them. Its weights after one update go to OUT/update.rankN.safetensors."""
+    batch, no rollout, for each case "algo:B:variant" in turn (a fresh model, optimizer and
+    seed each). The B prompts × 2 samples, their token ids, loss masks (of unequal lengths,
+    so PPO's token counts differ between the processes) and rewards are the same in every
+    launch; a process keeps prompts rank::world, as ``train/step_samples.py`` shares them.
+    Its weights after one update go to OUT/update.ALGO.rankN.worldW.VARIANT.safetensors."""
     import torch
     from accelerate import Accelerator
-    from safetensors.torch import save_file
-
-    from zsearch_cli.train.config import TrainConfig, algo_config, check_even_shards, get_spec, resolve_config
-    from zsearch_cli.train.policy import load_critic, load_policy
-    from zsearch_cli.train.step_samples import Sample
-    from accelerate.utils import gather_object
-
-    from zsearch_cli.train.balance import balance, send_home
-    from zsearch_cli.train.update import StepModels, advantages, optimize, rollout_tensors, sample_advantages, step_batch
-
-    from helpers import make_trajectory
 
     torch.set_num_threads(1)
     acc = Accelerator(cpu=True)
+    for case in cases.split(","):
+        algo, batch_size, variant = case.split(":")
+        _update_case(acc, out, model_dir, algo, int(batch_size), variant)
+    # the process group closed before the interpreter exits: left to exit-time destructors, gloo's
+    # threads sometimes aborted the process ("terminate called without an active exception")
+    acc.wait_for_everyone()
+    acc.end_training()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def _update_case(acc: Any, out: Path, model_dir: str, algo: str, batch_size: int, variant: str) -> None:
+    import torch
+    from accelerate.utils import gather_object
+    from safetensors.torch import save_file
+
+    from helpers import make_trajectory
+    from zsearch_cli.train.balance import balance, send_home
+    from zsearch_cli.train.config import TrainConfig, algo_config, check_even_shards, get_spec, resolve_config
+    from zsearch_cli.train.policy import load_critic, load_policy
+    from zsearch_cli.train.step_samples import Sample
+    from zsearch_cli.train.update import StepModels, advantages, optimize, rollout_tensors, sample_advantages, step_batch
+
     rank, world = acc.process_index, acc.num_processes
     check_even_shards(batch_size, world)
     extra = BUDGET_FLAGS if variant == "budget" else dict(logits_chunk=0)
@@ -175,21 +194,16 @@ def _update_worker(out: Path, model_dir: str, algo: str, batch_size: int, varian
     dealt = balance(mine, rank, world, lambda obj: gather_object([obj])) if world > 1 else None
     batch = advantages(spec, acfg, rollout_tensors(m, step_batch(dealt.samples if dealt else mine, m.pad_id), cfg), acc)
     values = sample_advantages(batch)
+    name = f"{algo}.rank{rank}.world{world}.{variant}"
     if dealt is not None:  # each process's own samples' advantages, from wherever they were updated
         values = send_home(values, dealt, rank, len(mine), lambda obj: gather_object([obj]))
-        (out / f"deal.rank{rank}.json").write_text(json.dumps({"before": dealt.before, "after": dealt.loads,
-                                                                "groups": sorted(s.group_key for s in dealt.samples)}))
-    (out / f"advantages.rank{rank}.world{world}.{variant}.json").write_text(json.dumps(
-        {s.trajectory.id: v for s, v in zip(mine, values)}))
+        (out / f"deal.{algo}.rank{rank}.json").write_text(json.dumps({"before": dealt.before, "after": dealt.loads,
+                                                                      "groups": sorted(s.group_key for s in dealt.samples)}))
+    (out / f"advantages.{name}.json").write_text(json.dumps({s.trajectory.id: v for s, v in zip(mine, values)}))
     optimize(m, spec, acfg, cfg, batch, done=0)
     state = {k: v.detach().clone().contiguous() for k, v in acc.unwrap_model(policy).state_dict().items()}
-    save_file(state, str(out / f"update.rank{rank}.world{world}.{variant}.safetensors"))
-    # the process group closed before the interpreter exits: left to exit-time destructors, gloo's
-    # threads sometimes aborted the process ("terminate called without an active exception")
-    acc.wait_for_everyone()
-    acc.end_training()
-    if torch.distributed.is_initialized():
-        torch.distributed.destroy_process_group()
+    save_file(state, str(out / f"update.{name}.safetensors"))
+    acc.free_memory()  # drop this case's models from the accelerator before the next
 
 
 # ------------------------------------------------------------------ helpers of the tests
@@ -313,9 +327,31 @@ def test_resume_under_another_distribution_is_a_one_line_error(tmp_path, saved, 
     check_resumable(tmp_path, acc)  # the launch it was written under resumes it
 
 
+@pytest.fixture(scope="module")
+def updates(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
+    """Every UPDATE_CASES update, by one process and by 2 DDP processes (one launch)."""
+    out = tmp_path_factory.mktemp("updates")
+    args = [__file__, "update", str(out), str(tiny_model_dir), ",".join(f"{a}:{b}:{v}" for a, b, v in UPDATE_CASES)]
+    one = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert one.returncode == 0, one.stderr[-3000:]
+    _ok(_launch(args, None, out))
+    return out
+
+
+def _check_update_equals_one_process(updates: Path, tiny_model_dir: Path, algo: str, variant: str) -> None:
+    single = _weights(updates / f"update.{algo}.rank0.world1.{variant}.safetensors")
+    initial = _weights(tiny_model_dir / "model.safetensors")
+    moved = max(float((single[k] - initial[k]).abs().max()) for k in initial)
+    assert moved > 1e-4, "the update changed nothing: the comparison would prove nothing"
+    for rank in (0, 1):
+        ddp = _weights(updates / f"update.{algo}.rank{rank}.world2.{variant}.safetensors")
+        worst = max(float((ddp[k] - single[k]).abs().max()) for k in single)
+        assert worst < 1e-6 * max(1.0, moved) + 1e-7, f"rank {rank} differs from one process by {worst:.3g}"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("algo, variant", [("grpo", "rows"), ("ppo", "rows"), ("grpo", "budget"), ("ppo", "budget")])
-def test_a_two_process_update_equals_the_one_process_update(tmp_path, tiny_model_dir, algo, variant):
+def test_a_two_process_update_equals_the_one_process_update(updates, tiny_model_dir, algo, variant):
     # The same fixed batch of B=2 prompts × 2 samples, updated once (SGD, whole batch) by
     # one process and by 2 DDP processes holding a prompt each. The sequence mean (GRPO) and
     # the token mean (PPO: the processes hold different numbers of policy tokens) must give
@@ -323,23 +359,12 @@ def test_a_two_process_update_equals_the_one_process_update(tmp_path, tiny_model
     # count, which DDP's gradient average does not undo (rank 0 was off by 1.4e-4).
     # `budget`: packed token-budget micro-batches whose count differs between the processes
     # (BUDGET_FLAGS), so the equal-count rule (train/microbatch.py) must pair them up.
-    args = [__file__, "update", str(tmp_path), str(tiny_model_dir), algo, "2", variant]
-    one = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert one.returncode == 0, one.stderr[-3000:]
-    _ok(_launch(args, None, tmp_path))
-    single = _weights(tmp_path / f"update.rank0.world1.{variant}.safetensors")
-    initial = _weights(tiny_model_dir / "model.safetensors")
-    moved = max(float((single[k] - initial[k]).abs().max()) for k in initial)
-    assert moved > 1e-4, "the update changed nothing: the comparison would prove nothing"
-    for rank in (0, 1):
-        ddp = _weights(tmp_path / f"update.rank{rank}.world2.{variant}.safetensors")
-        worst = max(float((ddp[k] - single[k]).abs().max()) for k in single)
-        assert worst < 1e-6 * max(1.0, moved) + 1e-7, f"rank {rank} differs from one process by {worst:.3g}"
+    _check_update_equals_one_process(updates, tiny_model_dir, algo, variant)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("algo", ["grpo", "ppo"])
-def test_balanced_tokens_move_whole_groups_and_leave_the_update_and_the_advantages_unchanged(tmp_path, tiny_model_dir,
+def test_balanced_tokens_move_whole_groups_and_leave_the_update_and_the_advantages_unchanged(updates, tiny_model_dir,
                                                                                              algo):
     # B = 4 prompts x 2 samples (4 prompt tokens each): rank 0 draws prompts 0 (34 + 6 tokens)
     # and 2 (18 + 17), rank 1 prompts 1 (7 + 8) and 3 (9 + 10): 75 against 34 tokens. The deal
@@ -348,25 +373,14 @@ def test_balanced_tokens_move_whole_groups_and_leave_the_update_and_the_advantag
     # instead, p1 and p3 would be split across the processes (their group baselines then
     # wrong). The weights after one update equal one process's, each process holds whole
     # groups, and each sample's advantage reaches the process that drew it.
-    args = [__file__, "update", str(tmp_path), str(tiny_model_dir), algo, "4", "balanced"]
-    one = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert one.returncode == 0, one.stderr[-3000:]
-    _ok(_launch(args, None, tmp_path))
     for rank in (0, 1):
-        deal = json.loads((tmp_path / f"deal.rank{rank}.json").read_text())
+        deal = json.loads((updates / f"deal.{algo}.rank{rank}.json").read_text())
         assert deal == {"before": [75, 34], "after": [55, 54], "groups": [["0:q0", "0:q0", "0:q1", "0:q1"],
                                                                            ["0:q2", "0:q2", "0:q3", "0:q3"]][rank]}
-    single = _weights(tmp_path / "update.rank0.world1.balanced.safetensors")
-    initial = _weights(tiny_model_dir / "model.safetensors")
-    moved = max(float((single[k] - initial[k]).abs().max()) for k in initial)
-    assert moved > 1e-4
-    for rank in (0, 1):
-        ddp = _weights(tmp_path / f"update.rank{rank}.world2.balanced.safetensors")
-        worst = max(float((ddp[k] - single[k]).abs().max()) for k in single)
-        assert worst < 1e-6 * max(1.0, moved) + 1e-7, f"rank {rank} differs from one process by {worst:.3g}"
-    alone = json.loads((tmp_path / "advantages.rank0.world1.balanced.json").read_text())
-    both = {**json.loads((tmp_path / "advantages.rank0.world2.balanced.json").read_text()),
-            **json.loads((tmp_path / "advantages.rank1.world2.balanced.json").read_text())}
+    _check_update_equals_one_process(updates, tiny_model_dir, algo, "balanced")
+    alone = json.loads((updates / f"advantages.{algo}.rank0.world1.balanced.json").read_text())
+    both = {**json.loads((updates / f"advantages.{algo}.rank0.world2.balanced.json").read_text()),
+            **json.loads((updates / f"advantages.{algo}.rank1.world2.balanced.json").read_text())}
     assert both.keys() == alone.keys() and max(abs(both[k] - alone[k]) for k in alone) < 1e-6
     assert len({round(v, 6) for v in alone.values()}) > 1  # advantages that differ: a mix-up would show
 
@@ -468,7 +482,7 @@ def _exit_now(code: Any) -> None:
 if __name__ == "__main__":  # a process started by the tests' `accelerate launch`
     try:
         if sys.argv[1] == "update":
-            _update_worker(Path(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]), *sys.argv[6:7])
+            _update_worker(Path(sys.argv[2]), sys.argv[3], sys.argv[4])
         else:
             _worker(sys.argv[1:])
     except SystemExit as done:  # typer's app() ends with SystemExit

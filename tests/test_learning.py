@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import torch
 
+from helpers import TORCH_THREADS
 from zsearch_cli.retrieval.base import Passage
 from zsearch_cli.train.toy import ALGOS, STEPS, OracleSearch, rise, run_toy, warm_toy_model
 
@@ -31,7 +32,7 @@ from zsearch_cli.train.toy import ALGOS, STEPS, OracleSearch, rise, run_toy, war
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory) -> tuple[Path, list[Any]]:
     """(SFT-warmed tiny model dir, QA rows)."""
-    torch.set_num_threads(2)
+    torch.set_num_threads(TORCH_THREADS)
     return warm_toy_model(tmp_path_factory.mktemp("learning"))
 
 
@@ -63,15 +64,18 @@ def test_rl_raises_reward(algo, toy, tmp_path):
     _check(algo, *_rise(_run(algo, toy, tmp_path, OracleSearch())))
 
 
-def test_grpo_raises_reward_as_the_demo_runs_it(tmp_path, capsys):
+def test_grpo_raises_reward_as_the_demo_runs_it(toy, tmp_path, capsys, monkeypatch):
     """GRPO (with a frozen reference and the k3 KL term) through `python -m
     zsearch_cli.train.toy`, `make demo` step 5: it says what it trains, and the rise it
-    prints is the one in the metrics.parquet the demo plots."""
+    prints is the one in the metrics.parquet the demo plots. Its warm-up is the module's
+    (the same seeded function on the same rows: run twice it only cost make test ~15 s)."""
     import pyarrow.parquet as pq
 
+    import zsearch_cli.train.toy as toy_module
     from zsearch_cli.train.toy import main
 
-    torch.set_num_threads(2)
+    monkeypatch.setattr(toy_module, "warm_toy_model", lambda root, tokenizer=None: toy)
+    torch.set_num_threads(TORCH_THREADS)
     assert main(["--algo", "grpo", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "tiny 2-layer" in out and "not smollm2" in out
@@ -111,7 +115,7 @@ def test_grpo_raises_reward_on_the_real_smollm2_tokenizer(tmp_path):
     from zsearch_cli.models.tiny import smollm2_tokenizer
     from zsearch_cli.train.toy import REAL
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(TORCH_THREADS)
     tok = smollm2_tokenizer()
     model, rows = warm_toy_model(tmp_path, tokenizer=tok)
     search = OracleSearch()

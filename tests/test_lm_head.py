@@ -21,6 +21,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import TORCH_THREADS
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.models.nucleus import nucleus_mask
 from zsearch_cli.train.lm_head import OutputHead, chunked_logprobs, final_hidden, output_head
@@ -36,8 +37,8 @@ TOP_PS = [1.0, 0.8]
 
 @pytest.fixture(autouse=True)
 def _threads():
-    if torch.get_num_threads() != 2:
-        torch.set_num_threads(2)
+    if torch.get_num_threads() != TORCH_THREADS:
+        torch.set_num_threads(TORCH_THREADS)
 
 
 def whole_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, top_p: float):
@@ -463,7 +464,7 @@ PEAK_SCRIPT = textwrap.dedent("""
     import torch
     import torch.nn.functional as F
     from zsearch_cli.train.lm_head import OutputHead, chunked_logprobs
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)
     v, d, m, chunk = 151936, 64, 256, 32
     g = torch.Generator().manual_seed(0)
     w = (torch.randn(v, d, generator=g) * 0.05).requires_grad_()

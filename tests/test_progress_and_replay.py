@@ -19,6 +19,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from helpers import TORCH_THREADS
 from zsearch_cli.cli import app
 from zsearch_cli.progress import ProgressLines, StopSignals, Stopped
 from zsearch_cli.schemas import EVAL_EXAMPLE, METRICS, ROLLOUT, read_artifact, read_metadata
@@ -28,7 +29,7 @@ TINY = ["--max-turns", "1", "--max-turn-tokens", "8", "--device", "cpu"]
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false", "ZSEARCH_LOG_EVERY": "0.2"}
+    return {**os.environ, "OMP_NUM_THREADS": str(TORCH_THREADS), "TOKENIZERS_PARALLELISM": "false", "ZSEARCH_LOG_EVERY": "0.2"}
 
 
 def _start(args: list[str], log: Path) -> subprocess.Popen:

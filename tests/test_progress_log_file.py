@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from helpers import TORCH_THREADS
 from zsearch_cli.progress import progress_bar
 from zsearch_cli.schemas import SFT_EXAMPLE, write_artifact
 
@@ -22,7 +23,7 @@ BAR_GLYPHS = ("━", "╸", "╺")
 
 def _run(args: list[str], log: Path, cwd: Path) -> str:
     """Run ``zsearch ARGS`` with stderr in ``log``; returns the log."""
-    env = {**os.environ, "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false", "ZSEARCH_LOG_EVERY": "0.2"}
+    env = {**os.environ, "OMP_NUM_THREADS": str(TORCH_THREADS), "TOKENIZERS_PARALLELISM": "false", "ZSEARCH_LOG_EVERY": "0.2"}
     with open(log, "w") as err, open(log.with_suffix(".out"), "w") as out:
         code = subprocess.run([sys.executable, "-m", "zsearch_cli", *args], stdout=out, stderr=err, env=env, cwd=cwd,
                               timeout=300).returncode

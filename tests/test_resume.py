@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from helpers import TORCH_THREADS
 from zsearch_cli.schemas import METRICS, read_artifact
 
 
@@ -53,7 +54,7 @@ def _cmd(out: Path, model: Path, index: Path, extra: list[str]) -> list[str]:
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"}
+    return {**os.environ, "OMP_NUM_THREADS": str(TORCH_THREADS), "TOKENIZERS_PARALLELISM": "false"}
 
 
 def _weights_file(folder: Path) -> Path:

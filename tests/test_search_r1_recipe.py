@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from helpers import TORCH_THREADS
 from test_adopt_faiss import search_r1_build, write_wiki18
 from zsearch_cli.recipe_plan import BM25_BYTES_PER_PASSAGE, GIB, KNOWN_PARAMS, model_params, plan
 from zsearch_cli.retrieval.dense import resolve_encoder
@@ -63,7 +64,7 @@ def _recipe(files: dict[str, Path], out: Path, model: Path, *args: str) -> subpr
     env = {**os.environ, "OUT": str(out), "CORPUS": str(files["corpus"]), "FAISS": str(files["faiss"]),
            "ENCODER": "minilm", "TRAIN": str(files["train"]), "TEST": str(files["test"]), "MODEL": str(model),
            "ALGO": "grpo", "STEPS": "1", "BATCH": "2", "TURN_TOKENS": "8", "LORA_R": "0", "DEVICE": "cpu",
-           "PORT": str(_free_port()), "SAVE_EVERY": "1", "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false",
+           "PORT": str(_free_port()), "SAVE_EVERY": "1", "OMP_NUM_THREADS": str(TORCH_THREADS), "TOKENIZERS_PARALLELISM": "false",
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     return subprocess.run(["bash", str(ROOT / "stages/search-r1.sh"), *args], env=env, cwd=ROOT,
                           capture_output=True, text=True, timeout=600)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from helpers import TORCH_THREADS
 from zsearch_cli.schemas import METRICS, read_artifact
 
 TINY = ["--max-turns", "1", "--max-turn-tokens", "8", "--device", "cpu"]
@@ -64,7 +65,7 @@ def silent_server():
 
 
 def _env(**extra: str) -> dict[str, str]:
-    return {**os.environ, "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false", **extra}
+    return {**os.environ, "OMP_NUM_THREADS": str(TORCH_THREADS), "TOKENIZERS_PARALLELISM": "false", **extra}
 
 
 def _args(model: Path, index: Path, out: Path, steps: int, *more: str) -> list[str]:

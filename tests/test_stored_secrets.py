@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
+from helpers import TORCH_THREADS
 from zsearch_cli.cli import app
 from zsearch_cli.errors import holds_withheld, read_back, stored_config, stored_value
 
@@ -98,7 +99,7 @@ def test_no_key_is_stored_and_a_replay_asks_for_it(tmp_path, tiny_model_dir, key
         done = subprocess.run([sys.executable, "-m", "zsearch_cli", "train", *common, "--search", search,
                                "--val-search", val_search, "--steps", "2", "--out", str(run)],
                               stdout=log, stderr=subprocess.STDOUT, timeout=300,
-                              env={**os.environ, "OMP_NUM_THREADS": "2", "TOKENIZERS_PARALLELISM": "false"})
+                              env={**os.environ, "OMP_NUM_THREADS": str(TORCH_THREADS), "TOKENIZERS_PARALLELISM": "false"})
     assert done.returncode == 0, (run / "train.log").read_text()[-3000:]
     assert (run / "rollouts").is_dir() and list((run / "val").glob("*.summary.parquet"))
 
