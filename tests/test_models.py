@@ -86,6 +86,25 @@ def test_pad_reuses_existing_special_token(tiny_model_dir):
     assert tok.pad_token == "<|pad|>" and len(tok) == n  # reused, nothing added
 
 
+def test_a_tokenizer_is_parsed_once_and_each_caller_gets_its_own(tmp_path, tiny_model_dir, monkeypatch):
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, folder)
+    reads = []
+    real = AutoTokenizer.from_pretrained
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", lambda *a, **k: reads.append(a[0]) or real(*a, **k))
+    first, second = load_tokenizer(str(folder)), load_tokenizer(str(folder))
+    assert len(reads) == 1 and first is not second  # parsed once, a copy each
+    assert first.encode("the river") == second.encode("the river") and first.pad_token_id == second.pad_token_id
+    first.chat_template = "changed by one caller"
+    assert load_tokenizer(str(folder)).chat_template == second.chat_template != first.chat_template
+    # the folder's tokenizer rewritten in place (another special token): read again, not served stale
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 77}))
+    assert load_tokenizer(str(folder)).model_max_length == 77 and len(reads) == 2
+
+
 def test_resolve_model_path(tmp_path, monkeypatch, tiny_model_dir):
     assert resolve_model_path(str(tiny_model_dir)) == str(tiny_model_dir)
     assert resolve_model_path("Qwen/Qwen2.5-3B") == "Qwen/Qwen2.5-3B"  # hub ids pass through
