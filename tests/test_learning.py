@@ -67,8 +67,8 @@ def test_rl_raises_reward(algo, toy, tmp_path):
 def test_grpo_raises_reward_as_the_demo_runs_it(toy, tmp_path, capsys, monkeypatch):
     """GRPO (with a frozen reference and the k3 KL term) through `python -m
     zsearch_cli.train.toy`, `make demo` step 5: it says what it trains, and the rise it
-    prints is the one in the metrics.parquet the demo plots. Its warm-up is the module's
-    (the same seeded function on the same rows: run twice it only cost make test ~15 s)."""
+    prints is the one in the metrics.parquet the demo plots. Its warm-up is the module's:
+    the same seeded function on the same rows, which a second run would only repeat."""
     import pyarrow.parquet as pq
 
     import zsearch_cli.train.toy as toy_module

@@ -262,9 +262,8 @@ def _tokenizer_key(path: str) -> tuple[str, tuple[tuple[str, int, int], ...]]:
     folder = Path(path)
     if not folder.is_dir():  # a hub id: its snapshot does not change under one name
         return path, ()
-    files = tuple(sorted((f.name, st.st_size, st.st_mtime_ns) for f in folder.iterdir()
-                         if f.suffix not in _WEIGHT_SUFFIXES and f.is_file() and (st := f.stat())))
-    return str(folder.resolve()), files
+    stats = ((f.name, f.stat()) for f in folder.iterdir() if f.is_file() and f.suffix not in _WEIGHT_SUFFIXES)
+    return str(folder.resolve()), tuple(sorted((name, st.st_size, st.st_mtime_ns) for name, st in stats))
 
 
 def load_tokenizer(name_or_path: str) -> Any:
