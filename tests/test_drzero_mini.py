@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -345,10 +346,13 @@ def test_the_recipe_meets_its_goals_on_the_toy_and_misses_the_band_with_the_rewa
     env.pop("PYTHONPATH", None)
     # one after the other: under make test both cores are busy anyway, and two more processes
     # at once only made each slower (more CPU for the same work)
-    runs = {name: subprocess.run(["bash", str(REPO / "stages" / "drzero-mini.sh")], cwd=tmp_path, text=True,
-                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600,
-                                 env={**env, "OUT": str(tmp_path / name), **more})
-            for name, more in (("shipped", {}), ("flipped", {"PYTHONPATH": str(flip)}))}
+    runs = {}
+    for name, more in (("shipped", {}), ("flipped", {"PYTHONPATH": str(flip)})):
+        if name == "flipped":  # the model and eval settings are the shipped run's: its before-eval is reused
+            shutil.copytree(tmp_path / "shipped" / "eval-heldout-before", tmp_path / name / "eval-heldout-before")
+        runs[name] = subprocess.run(["bash", str(REPO / "stages" / "drzero-mini.sh")], cwd=tmp_path, text=True,
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600,
+                                    env={**env, "OUT": str(tmp_path / name), **more})
     out = {name: proc.stdout for name, proc in runs.items()}
     code = {name: proc.returncode for name, proc in runs.items()}
 
@@ -365,6 +369,7 @@ def test_the_recipe_meets_its_goals_on_the_toy_and_misses_the_band_with_the_rewa
     assert code["flipped"] == 1, out["flipped"][-3000:]
     assert ("drzero-mini check: MISSED: the share of proposed questions in the reward's band rises from "
             "iteration 1 to 2\n") in out["flipped"]
+    assert "2 examples already scored, 0 to go" in out["flipped"]  # the copied before-eval was reused
     flipped = json.loads((tmp_path / "flipped" / "summary.json").read_text())
     assert flipped["iterations"][0]["train_difficulty"] < 0  # the plant took: the reward itself was negative
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
@@ -47,6 +46,27 @@ def test_eval_agent_and_rag_end_to_end_then_resume(tmp_path, demo_index, tiny_mo
     result = _eval([*common, "--limit", "6"])
     assert "4 examples already scored, 2 to go" in result.output
     assert read_artifact(out / "demo" / "agent.examples.parquet", EVAL_EXAMPLE).num_rows == 6
+
+
+def test_a_finished_eval_run_again_loads_no_model(tmp_path, demo_index, tiny_model_dir, monkeypatch):
+    """Every question already scored: the same command reprints the same summary without
+    loading the model (a finished recipe stage resumed costs no model load), and a larger
+    --limit then loads it for the new questions only."""
+    import zsearch_cli.commands.evaluate as evaluate
+
+    out = tmp_path / "eval"
+    common = ["--model", str(tiny_model_dir), "--index", str(demo_index), "--out", str(out),
+              "--max-turn-tokens", "8", "--max-turns", "2", "--device", "cpu"]
+    _eval([*common, "--limit", "2"])
+    first = read_artifact(out / "demo" / "agent.summary.parquet", EVAL_SUMMARY).to_pylist()
+    build, builds = evaluate._build_engine, []
+    monkeypatch.setattr(evaluate, "_build_engine", lambda opts: builds.append(1) or build(opts))
+    result = _eval([*common, "--limit", "2"])
+    assert "2 examples already scored, 0 to go" in result.output
+    assert builds == [] and read_artifact(out / "demo" / "agent.summary.parquet", EVAL_SUMMARY).to_pylist() == first
+    result = _eval([*common, "--limit", "3"])
+    assert "2 examples already scored, 1 to go" in result.output and builds == [1]
+    assert read_artifact(out / "demo" / "agent.examples.parquet", EVAL_EXAMPLE).num_rows == 3
 
 
 def test_score_predictions_file_joined_with_qa(tmp_path, monkeypatch):

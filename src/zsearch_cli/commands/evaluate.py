@@ -28,9 +28,10 @@ OUT/METHOD.averages.summary.parquet.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
 
@@ -108,10 +109,11 @@ def pooled_rows(key: str, file_qa: Any, members: list[list[dict[str, Any]]]) -> 
     return sorted(({**row, "dataset": key} for rows in members for row in rows), key=lambda row: order[row["id"]])
 
 
-def _roll_out(opts: EvalOptions, config: dict[str, Any], engine: Any, name: str, method: str, label: str,
-              qa: Any, out_examples: Path, record: dict[str, Any]) -> list[dict[str, Any]]:
+def _roll_out(opts: EvalOptions, config: dict[str, Any], engine_for: Callable[[], Any], name: str, method: str,
+              label: str, qa: Any, out_examples: Path, record: dict[str, Any]) -> list[dict[str, Any]]:
     """Score every question of ``qa`` not yet in ``out_examples`` (written after every batch,
-    so a stopped eval resumes); returns the rows of ``qa``, in its order."""
+    so a stopped eval resumes); returns the rows of ``qa``, in its order. ``engine_for()``
+    is called only when a question is left: a finished eval run again loads no model."""
     from zsearch_cli.rollout.engine import QARow
 
     stop = active_stop()  # zsearch eval: SIGTERM / SIGINT raise Stopped at once; written rows stay
@@ -128,6 +130,7 @@ def _roll_out(opts: EvalOptions, config: dict[str, Any], engine: Any, name: str,
         return [r for r in done_rows if r["id"] in wanted]
 
     written = len(scored())
+    engine = engine_for() if todo else None
     lines = ProgressLines(label, qa.num_rows, "questions", done=written)  # plain lines in a log file
     try:
         with progress_bar(TextColumn(f"eval {name} ({method})"), BarColumn(), MofNCompleteColumn(),
@@ -188,8 +191,16 @@ def evaluate(opts: EvalOptions, config: dict[str, Any]) -> list[dict[str, Any]]:
     from zsearch_cli.models.loading import check_model_early
 
     check_model_early(opts.policy.model)  # the files, after the cheap checks, before the loading line (issue 36.7)
-    with heartbeat("eval", f"loading {opts.policy.model}"):
-        engine, search = _build_engine(opts)
+    built: list[tuple[Any, Any]] = []  # (engine, search), built on the first question left to score
+
+    def engine_for(probe: str, name: str) -> Any:
+        if not built:
+            with heartbeat("eval", f"loading {opts.policy.model}"):
+                built.append(_build_engine(opts))
+        engine, search = built[0]
+        engine.search = plan.backend(probe, search, name)
+        return engine
+
     summaries = []
     rolled_out = [d.key for d, _ in qa_tables if not d.pools]
     rows_of: dict[tuple[str, str], list[dict[str, Any]]] = {}  # (probe, key): for the pooled inputs after them
@@ -202,10 +213,10 @@ def evaluate(opts: EvalOptions, config: dict[str, Any]) -> list[dict[str, Any]]:
             if rows:
                 write_artifact(rows, out_examples, EVAL_EXAMPLE, config, record)
         else:
-            engine.search = plan.backend(probe, search, name)
             k = rolled_out.index(name) + 1
             label = f"eval {name} ({method}" + (f", dataset {k}/{len(rolled_out)})" if len(rolled_out) > 1 else ")")
-            rows = _roll_out(opts, config, engine, name, method, label, qa, out_examples, record)
+            rows = _roll_out(opts, config, functools.partial(engine_for, probe, name), name, method, label, qa,
+                             out_examples, record)
         rows_of[(probe, name)] = rows
         if not rows:
             continue
