@@ -128,9 +128,24 @@ HEAVY_FILES = {
 }
 """test_sigterm_ddp's number is its wall time: it waits on a launcher's grace period, idle."""
 
+WAITING_FILES = {
+    "test_http_deadlines.py", "test_search_r1_recipe.py", "test_rollout_stream.py", "test_server.py",
+    "test_async_rollout.py", "test_simulated.py", "test_search_backends.py", "test_remote_backend.py",
+    "test_serve_backends.py", "test_judge.py",
+}
+"""Files whose tests wait more than they compute (a deadline that must expire, a server's
+reply, a polling loop): about 45 of their seconds were idle cores when they ran last, after
+the vLLM suite had ended (measured 2026-11-28). They go first, while the vLLM suite still runs
+beside the two workers and fills their waits."""
+
+
+def _file_order(item: pytest.Item) -> tuple[int, int]:
+    name = Path(str(item.fspath)).name
+    return (0 if name in WAITING_FILES else 1, -HEAVY_FILES.get(name, 0))
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items.sort(key=lambda item: -HEAVY_FILES.get(Path(str(item.fspath)).name, 0))  # stable: a file keeps its order
+    items.sort(key=_file_order)  # stable: a file keeps its order
 
 
 # ----------------------------------------------------------------------------- the collapse guard's false alarms
