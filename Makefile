@@ -47,10 +47,11 @@ $(VLLM_STAMP): pyproject.toml src/zsearch_cli/retrieval/_maxscore.c
 # `make test` runs the two suites at once, sharing one fresh model cache (smollm2 is dequantized
 # once, not once per suite); the vLLM suite's output follows the main suite's. The main suite
 # runs on two pytest-xdist workers, a test file each at a time (its module fixtures built once),
-# the heaviest files first (tests/conftest.py, HEAVY_FILES), one torch thread each; the vLLM
-# suite, one process, fills the gaps where the workers wait on subprocesses, servers and sleeps.
+# the files that mostly wait first, then the heaviest (tests/conftest.py, WAITING_FILES and
+# HEAVY_FILES), one torch thread each; the vLLM suite, one process, fills the gaps where the
+# workers wait on subprocesses, servers and sleeps.
 # Alone, one after the other, the suites took 588 s at 187% CPU and 224 s at 118% CPU
-# (/usr/bin/time, 2026-11-28, before these changes); now `make test` takes 593-602 s at ~188%
+# (/usr/bin/time, 2026-11-28, before these changes); now `make test` takes 558-563 s at ~192%
 # CPU on the 2-core CI machine: CPU-bound, so only less CPU makes it faster (docs/architecture.md,
 # "The test suite").
 test: setup

@@ -116,8 +116,8 @@ def demo_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # idle). The heaviest files go first, longest-processing-time first, so the workers finish
 # together. The numbers are rough seconds per file, rounded from the measurements of 2026-11-28
 # taken before and during that day's cuts: they only set the order, and this order is the one
-# `make test` was timed with (593-602 s; ordered by the seconds each file held its worker
-# after the cuts instead, one run took 625 s). A stale one only costs time, never a check.
+# `make test` was timed with (558-563 s with WAITING_FILES below; ordered by the seconds each
+# file held its worker instead, one run took 625 s). A stale one only costs time, never a check.
 HEAVY_FILES = {
     "test_drzero_mini.py": 105, "test_learning.py": 140, "test_zerosearch_mini.py": 63, "test_resume.py": 56,
     "test_distributed.py": 90, "test_encode_shards.py": 47, "test_progress_and_replay.py": 46,
