@@ -51,9 +51,9 @@ $(VLLM_STAMP): pyproject.toml src/zsearch_cli/retrieval/_maxscore.c
 # HEAVY_FILES), one torch thread each; the vLLM suite, one process, fills the gaps where the
 # workers wait on subprocesses, servers and sleeps.
 # Alone, one after the other, the suites took 588 s at 187% CPU and 224 s at 118% CPU
-# (/usr/bin/time, 2026-11-28, before these changes); now `make test` takes 558-563 s at ~192%
-# CPU on the 2-core CI machine: CPU-bound, so only less CPU makes it faster (docs/architecture.md,
-# "The test suite").
+# (/usr/bin/time, 2026-11-28, before these changes); now `make test` takes 558-565 s at ~192%
+# CPU on the 2-core CI machine: CPU-bound, so once both cores are busy only less CPU makes it
+# faster (docs/architecture.md, "The test suite").
 test: setup
 ifeq ($(ZSEARCH_SKIP_VLLM),1)
 	@echo "ZSEARCH_SKIP_VLLM=1: the vLLM suite is skipped"

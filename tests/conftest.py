@@ -116,7 +116,7 @@ def demo_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # idle). The heaviest files go first, longest-processing-time first, so the workers finish
 # together. The numbers are rough seconds per file, rounded from the measurements of 2026-11-28
 # taken before and during that day's cuts: they only set the order, and this order is the one
-# `make test` was timed with (558-563 s with WAITING_FILES below; ordered by the seconds each
+# `make test` was timed with (558-565 s with WAITING_FILES below; ordered by the seconds each
 # file held its worker instead, one run took 625 s). A stale one only costs time, never a check.
 HEAVY_FILES = {
     "test_drzero_mini.py": 105, "test_learning.py": 140, "test_zerosearch_mini.py": 63, "test_resume.py": 56,
@@ -134,8 +134,8 @@ WAITING_FILES = {
     "test_serve_backends.py", "test_judge.py",
 }
 """Files whose tests wait more than they compute (a deadline that must expire, a server's
-reply, a polling loop): about 45 of their seconds were idle cores when they ran last, after
-the vLLM suite had ended (measured 2026-11-28). They go first, while the vLLM suite still runs
+reply, a polling loop): 42 of their seconds were idle cores when they ran last, after the
+vLLM suite had ended (measured 2026-11-28, per test: wall time minus CPU time). They go first, while the vLLM suite still runs
 beside the two workers and fills their waits."""
 
 
@@ -160,7 +160,7 @@ GUARD_MARGINS = "guard-margins.json"
 
 
 def _guard_report(base: Path) -> dict[str, Any]:
-    from zsearch_cli.schemas import read_metadata
+    from zsearch_cli.artifacts import read_metadata
 
     report: dict[str, Any] = {"runs": 0, "steps": 0, "closest": {}, "false_alarms": []}
     for path in sorted(base.rglob("metrics.parquet")):

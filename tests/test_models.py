@@ -99,7 +99,7 @@ def test_a_tokenizer_is_parsed_once_and_each_caller_gets_its_own(tmp_path, tiny_
     assert first.encode("the river") == second.encode("the river") and first.pad_token_id == second.pad_token_id
     first.chat_template = "changed by one caller"
     assert load_tokenizer(str(folder)).chat_template == second.chat_template != first.chat_template
-    # the folder's tokenizer rewritten in place (another special token): read again, not served stale
+    # the folder's tokenizer rewritten in place (another max length): read again, not served stale
     config = json.loads((folder / "tokenizer_config.json").read_text())
     (folder / "tokenizer_config.json").write_text(json.dumps({**config, "model_max_length": 77}))
     assert load_tokenizer(str(folder)).model_max_length == 77 and len(reads) == 2

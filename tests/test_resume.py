@@ -120,7 +120,8 @@ def test_kill_and_resume_is_bit_identical(extra, tmp_path, tiny_model_dir, demo_
     # ... and resuming from other weights ends elsewhere (in this process: only the weights
     # are compared, and a fresh process would cost its imports again).
     monkeypatch.setattr(collect, "trajectory_reward", _length_reward)
-    control = CliRunner().invoke(app, _cmd(wrong_start, tiny_model_dir, demo_index, [*extra, "--resume"])[2:])
+    args = _cmd(wrong_start, tiny_model_dir, demo_index, [*extra, "--resume"])[2:]  # without python and this file
+    control = CliRunner().invoke(app, args)
     assert control.exit_code == 0, control.output[-3000:]
     assert _differing(a, _weights(wrong_start)), "resuming from the wrong checkpoint gave the same weights"
 

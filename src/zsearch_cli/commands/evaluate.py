@@ -191,13 +191,13 @@ def evaluate(opts: EvalOptions, config: dict[str, Any]) -> list[dict[str, Any]]:
     from zsearch_cli.models.loading import check_model_early
 
     check_model_early(opts.policy.model)  # the files, after the cheap checks, before the loading line (issue 36.7)
-    built: list[tuple[Any, Any]] = []  # (engine, search), built on the first question left to score
+    @functools.cache
+    def loaded() -> tuple[Any, Any]:  # (engine, search), built on the first question left to score
+        with heartbeat("eval", f"loading {opts.policy.model}"):
+            return _build_engine(opts)
 
     def engine_for(probe: str, name: str) -> Any:
-        if not built:
-            with heartbeat("eval", f"loading {opts.policy.model}"):
-                built.append(_build_engine(opts))
-        engine, search = built[0]
+        engine, search = loaded()
         engine.search = plan.backend(probe, search, name)
         return engine
 
