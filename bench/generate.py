@@ -30,7 +30,8 @@ from zsearch_cli.models.loading import load_model
 from zsearch_cli.config.parts import RolloutOptions
 from zsearch_cli.rollout.engine import QARow, RolloutEngine
 from zsearch_cli.rollout.protocols import TagsProtocol
-from zsearch_cli.schemas import QA, read_artifact
+from zsearch_cli.artifacts import read_artifact
+from zsearch_cli.schemas import QA
 
 STOPS = ("</search>", "</answer>")
 

@@ -68,7 +68,8 @@ def setup(root: Path, args: Any) -> tuple[Path, Path, Path]:
     from zsearch_cli.config.parts import RolloutOptions
     from zsearch_cli.rollout.engine import RolloutEngine
     from zsearch_cli.rollout.protocols import ToolCallProtocol
-    from zsearch_cli.schemas import TRAJECTORY, write_artifact
+    from zsearch_cli.artifacts import write_artifact
+    from zsearch_cli.schemas import TRAJECTORY
     from zsearch_cli.search.factory import make_search_backend
     from zsearch_cli.commands.propose import proposer_prompts
     from zsearch_cli.train.sft import SFTConfig, run_sft

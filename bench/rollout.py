@@ -54,7 +54,8 @@ from zsearch_cli.retrieval.index import build_index
 from zsearch_cli.config.parts import RolloutOptions
 from zsearch_cli.rollout.engine import QARow, RolloutEngine
 from zsearch_cli.rollout.protocols import TagsProtocol
-from zsearch_cli.schemas import read_artifact, QA
+from zsearch_cli.artifacts import read_artifact
+from zsearch_cli.schemas import QA
 from zsearch_cli.data.demo import demo_qa
 from zsearch_cli.retrieval.base import Passage
 from zsearch_cli.search.base import SearchBackend, SearchResult

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from zsearch_cli.averages import (PLAIN, PLAIN_LABEL, STANDARD_SIZES, WEIGHTED, WEIGHTED_LABEL, average_rows,
                                   benchmark_of)
 from zsearch_cli.cli import app
-from zsearch_cli.schemas import EVAL_SUMMARY, read_artifact, write_artifact
+from zsearch_cli.artifacts import read_artifact, write_artifact
+from zsearch_cli.schemas import EVAL_SUMMARY
 
 runner = CliRunner()
 

@@ -16,7 +16,8 @@ from zsearch_cli.config.parts import RolloutOptions
 from zsearch_cli.rollout.engine import QARow, RolloutEngine
 from zsearch_cli.rollout.trajectory import Trajectory
 from zsearch_cli.rollout.protocols import TagsProtocol
-from zsearch_cli.schemas import COLLECTED_QUERY, TRAJECTORY, read_artifact, read_metadata
+from zsearch_cli.artifacts import read_artifact, read_metadata
+from zsearch_cli.schemas import COLLECTED_QUERY, TRAJECTORY
 from zsearch_cli.commands.collect import query_rows
 
 from helpers import RecordingSearch, ScriptedBackend, make_trajectory

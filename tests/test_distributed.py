@@ -265,7 +265,8 @@ def _rows(out: Path) -> list[dict[str, Any]]:
 def _check_run(out: Path, tiny_model_dir: Path, steps: int) -> None:
     """The run's files: each row, checkpoint and final written once, by process 0; the
     processes agree with each other and with the saved weights, which the updates changed."""
-    from zsearch_cli.schemas import METRICS, read_artifact
+    from zsearch_cli.artifacts import read_artifact
+    from zsearch_cli.schemas import METRICS
 
     assert [r["step"] for r in _rows(out)] == list(range(1, steps + 1))
     assert [r["step"] for r in read_artifact(out / "metrics.parquet", METRICS).to_pylist()] == list(range(1, steps + 1))

@@ -24,7 +24,8 @@ from typer.testing import CliRunner
 from zsearch_cli.cli import app
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.rollout.engine import QARow
-from zsearch_cli.schemas import METRICS, PROPOSED_QA, ROLLOUT, TRAJECTORY, read_artifact, read_metadata, write_artifact
+from zsearch_cli.artifacts import read_artifact, read_metadata, write_artifact
+from zsearch_cli.schemas import METRICS, PROPOSED_QA, ROLLOUT, TRAJECTORY
 from zsearch_cli.commands.drzero import iteration_seeds
 from zsearch_cli.train.step_samples import BatchRewards
 

@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.schemas import METRICS, PROPOSED_QA, write_artifact
+from zsearch_cli.artifacts import write_artifact
+from zsearch_cli.schemas import METRICS, PROPOSED_QA
 from zsearch_cli.train.drzero_mini import main, report, table
 
 REPO = Path(__file__).resolve().parents[1]

@@ -241,7 +241,8 @@ def test_trajectory_fields_are_the_trajectory_artifacts_columns(tiny_backend, tm
     from dataclasses import fields
 
     from zsearch_cli.rollout.trajectory import Trajectory
-    from zsearch_cli.schemas import TRAJECTORY, read_artifact, write_artifact
+    from zsearch_cli.artifacts import read_artifact, write_artifact
+    from zsearch_cli.schemas import TRAJECTORY
 
     assert [f.name for f in fields(Trajectory)] == TRAJECTORY.schema.names
     tok = tiny_backend.tokenizer

@@ -10,7 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from zsearch_cli.cli import app
-from zsearch_cli.schemas import EVAL_EXAMPLE, EVAL_SUMMARY, read_artifact, read_metadata
+from zsearch_cli.artifacts import read_artifact, read_metadata
+from zsearch_cli.schemas import EVAL_EXAMPLE, EVAL_SUMMARY
 
 runner = CliRunner()
 

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 
 from zsearch_cli.cli import app
 from zsearch_cli.data.qa import group_labels, load_qa, split_groups
-from zsearch_cli.schemas import EVAL_EXAMPLE, EVAL_SUMMARY, read_artifact
+from zsearch_cli.artifacts import read_artifact
+from zsearch_cli.schemas import EVAL_EXAMPLE, EVAL_SUMMARY
 
 runner = CliRunner()
 

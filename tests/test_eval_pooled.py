@@ -15,7 +15,8 @@ from zsearch_cli.cli import app
 from zsearch_cli.commands.evaluate import pooled_rows
 from zsearch_cli.data.qa import load_qa
 from zsearch_cli.rollout.engine import RolloutEngine
-from zsearch_cli.schemas import EVAL_EXAMPLE, EVAL_SUMMARY, read_artifact
+from zsearch_cli.artifacts import read_artifact
+from zsearch_cli.schemas import EVAL_EXAMPLE, EVAL_SUMMARY
 
 runner = CliRunner()
 SOURCES = ("nq", "triviaqa")

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from zsearch_cli.cli import app
 from zsearch_cli.protocol import METRIC_VERSION, PROTOCOL_FIELDS, training_protocol
 from zsearch_cli.rewards import score_answer
-from zsearch_cli.schemas import EVAL_EXAMPLE, EVAL_SUMMARY, METRICS, PROTOCOL_COLUMNS, read_artifact, read_metadata
+from zsearch_cli.artifacts import read_artifact, read_metadata
+from zsearch_cli.schemas import EVAL_EXAMPLE, EVAL_SUMMARY, METRICS, PROTOCOL_COLUMNS
 from zsearch_cli.commands.evaluate import dataset_dir
 
 runner = CliRunner()

@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 
 from zsearch_cli.cli import app
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.schemas import METRICS, read_artifact, read_metadata
+from zsearch_cli.artifacts import read_artifact, read_metadata
+from zsearch_cli.schemas import METRICS
 
 runner = CliRunner()
 PER_STEP = 4  # --batch-size 2 x -G 2: reward calls per step

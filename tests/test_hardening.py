@@ -31,7 +31,8 @@ def _mode(path: Path) -> int:
 
 def test_parquet_outputs_follow_the_umask(tmp_path, umask):
     # Before: mkstemp's 0600 survived the atomic rename, whatever the umask.
-    from zsearch_cli.schemas import QA, write_artifact
+    from zsearch_cli.artifacts import write_artifact
+    from zsearch_cli.schemas import QA
 
     path = write_artifact([{"id": "1", "question": "q?", "golden_answers": ["a"], "metadata": "{}"}],
                           tmp_path / "qa.parquet", QA)
@@ -126,7 +127,8 @@ def _qa_rows(bad_row: int, bad_answers) -> list[dict]:
 def test_jsonl_bad_golden_answers_name_the_row_and_column(tmp_path, answers, needle):
     import json
 
-    from zsearch_cli.schemas import QA, read_artifact
+    from zsearch_cli.artifacts import read_artifact
+    from zsearch_cli.schemas import QA
 
     path = tmp_path / "qa.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in _qa_rows(2, answers)))
@@ -140,7 +142,8 @@ def test_parquet_wrong_types_name_the_row_and_column(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from zsearch_cli.schemas import QA, TRAJECTORY, read_artifact
+    from zsearch_cli.artifacts import read_artifact
+    from zsearch_cli.schemas import QA, TRAJECTORY
 
     # golden_answers as list<int64> (the reported case): row 0 is the first bad one
     path = tmp_path / "qa.parquet"

@@ -17,7 +17,8 @@ from zsearch_cli.cli import app
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.llm_client import LLMClient
 from zsearch_cli.prompts.judge import build_judge_prompt, parse_verdict
-from zsearch_cli.schemas import COLLECTED_QUERY, JUDGMENT, read_artifact, read_metadata, write_artifact
+from zsearch_cli.artifacts import read_artifact, read_metadata, write_artifact
+from zsearch_cli.schemas import COLLECTED_QUERY, JUDGMENT
 from zsearch_cli.commands.judge import balance, label_counts
 
 runner = CliRunner()

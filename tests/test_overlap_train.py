@@ -11,7 +11,8 @@ import torch
 from typer.testing import CliRunner
 
 from zsearch_cli.cli import app
-from zsearch_cli.schemas import METRICS, ROLLOUT, read_artifact
+from zsearch_cli.artifacts import read_artifact
+from zsearch_cli.schemas import METRICS, ROLLOUT
 
 from helpers import make_trajectory
 

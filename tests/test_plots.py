@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from zsearch_cli.schemas import EVAL_SUMMARY, write_artifact
+from zsearch_cli.artifacts import write_artifact
+from zsearch_cli.schemas import EVAL_SUMMARY
 
 
 def _summary(out: Path, dataset: str, method: str, em: float) -> None:

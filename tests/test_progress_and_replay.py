@@ -22,7 +22,8 @@ from typer.testing import CliRunner
 from helpers import TORCH_THREADS
 from zsearch_cli.cli import app
 from zsearch_cli.progress import ProgressLines, StopSignals, Stopped
-from zsearch_cli.schemas import EVAL_EXAMPLE, METRICS, ROLLOUT, read_artifact, read_metadata
+from zsearch_cli.artifacts import read_artifact, read_metadata
+from zsearch_cli.schemas import EVAL_EXAMPLE, METRICS, ROLLOUT
 
 runner = CliRunner()
 TINY = ["--max-turns", "1", "--max-turn-tokens", "8", "--device", "cpu"]

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from helpers import TORCH_THREADS
 from zsearch_cli.progress import progress_bar
-from zsearch_cli.schemas import SFT_EXAMPLE, write_artifact
+from zsearch_cli.artifacts import write_artifact
+from zsearch_cli.schemas import SFT_EXAMPLE
 
 BAR_GLYPHS = ("━", "╸", "╺")
 """What rich's BarColumn draws; never in a log file."""

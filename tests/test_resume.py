@@ -35,7 +35,8 @@ from typer.testing import CliRunner
 import zsearch_cli.train.step_samples as collect
 from helpers import TORCH_THREADS
 from zsearch_cli.cli import app
-from zsearch_cli.schemas import METRICS, read_artifact
+from zsearch_cli.artifacts import read_artifact
+from zsearch_cli.schemas import METRICS
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,8 @@ from zsearch_cli import __version__
 from zsearch_cli.data.corpus import corpus_fingerprint, ingest_corpus, iter_corpus_batches, split_contents
 from zsearch_cli.data.qa import find_dataset_file, load_qa
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.schemas import CORPUS, QA, read_artifact, read_metadata, write_artifact
+from zsearch_cli.artifacts import read_artifact, read_metadata, write_artifact
+from zsearch_cli.schemas import CORPUS, QA
 
 
 def _jsonl(path: Path, rows: list) -> Path:
@@ -175,3 +176,24 @@ def test_a_key_the_schema_lacks_is_an_error_when_writing(tmp_path):
     msg = _error(write_artifact, [row], tmp_path / "qa.parquet", QA)
     assert "has no column 'hops'" in msg and "schemas.py" in msg
     assert not (tmp_path / "qa.parquet").exists()
+
+
+def test_every_protocol_column_is_written_in_stored_form():
+    """A string column named like a protocol field (``retriever`` holds the --search spec as
+    given, a URL's key included) must be declared ``stored`` by its artifact, or the key would
+    reach the rows though the metadata withholds it; the writer applies what is declared."""
+    from zsearch_cli.schemas import ALL_ARTIFACTS, PROTOCOL_COLUMNS
+
+    names = {name for name, _ in PROTOCOL_COLUMNS}
+    for artifact in ALL_ARTIFACTS.values():
+        strings = {f.name for f in artifact.schema if pa.types.is_string(f.type)}
+        assert strings & names <= artifact.stored, artifact.name
+
+
+def test_a_stored_column_is_written_without_its_key(tmp_path):
+    from zsearch_cli.schemas import METRICS
+
+    spec = "http://127.0.0.1:8000/retrieve?api_key=sk-secret-123"
+    path = write_artifact([{"step": 1, "retriever": spec, "model": "m"}], tmp_path / "m.parquet", METRICS)
+    row = read_artifact(path, METRICS).to_pylist()[0]
+    assert "sk-secret-123" not in row["retriever"] and row["retriever"].startswith("http://127.0.0.1:8000/retrieve")

@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 from zsearch_cli.cli import app
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.models.loading import load_model, load_tokenizer
-from zsearch_cli.schemas import SFT_EXAMPLE, TRAJECTORY, write_artifact
+from zsearch_cli.artifacts import write_artifact
+from zsearch_cli.schemas import SFT_EXAMPLE, TRAJECTORY
 from zsearch_cli.train.sft import sft_loss, token_nll
 from zsearch_cli.train.sft_data import (IGNORE, DataStats, StepOrder, collate, detect_kind, fit, load_sft_items,
                                         pair_ids, split_eval)

@@ -9,7 +9,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from zsearch_cli.cli import app
-from zsearch_cli.schemas import EVAL_EXAMPLE, write_artifact
+from zsearch_cli.artifacts import write_artifact
+from zsearch_cli.schemas import EVAL_EXAMPLE
 
 runner = CliRunner()
 

@@ -25,7 +25,8 @@ from pathlib import Path
 import pytest
 
 from helpers import TORCH_THREADS
-from zsearch_cli.schemas import METRICS, read_artifact
+from zsearch_cli.artifacts import read_artifact
+from zsearch_cli.schemas import METRICS
 
 TINY = ["--max-turns", "1", "--max-turn-tokens", "8", "--device", "cpu"]
 QUICK_EXIT = 15.0

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 from zsearch_cli.cli import app
 from zsearch_cli.models.base import GenerationOutput
 from zsearch_cli.models.loading import load_model, load_tokenizer
-from zsearch_cli.schemas import JUDGMENT, SFT_EXAMPLE, read_artifact, write_artifact
+from zsearch_cli.artifacts import read_artifact, write_artifact
+from zsearch_cli.schemas import JUDGMENT, SFT_EXAMPLE
 from zsearch_cli.search.base import SearchRequest
 from zsearch_cli.search.sim_text import parse_documents
 from zsearch_cli.search.simulated import SimConfig, SimulatedSearch

@@ -10,7 +10,8 @@ import pytest
 
 from zsearch_cli.data.qa import load_qa
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.schemas import CORPUS, read_artifact
+from zsearch_cli.artifacts import read_artifact
+from zsearch_cli.schemas import CORPUS
 
 
 def test_a_lone_surrogate_in_a_jsonl_question_names_the_row(tmp_path):

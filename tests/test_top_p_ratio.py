@@ -14,7 +14,8 @@ import torch
 from typer.testing import CliRunner
 
 from zsearch_cli.cli import app
-from zsearch_cli.schemas import METRICS, read_artifact
+from zsearch_cli.artifacts import read_artifact
+from zsearch_cli.schemas import METRICS
 from zsearch_cli.train.logprobs import token_logprobs
 
 runner = CliRunner()

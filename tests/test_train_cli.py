@@ -8,7 +8,8 @@ import pytest
 from typer.testing import CliRunner
 
 from zsearch_cli.cli import app
-from zsearch_cli.schemas import EVAL_SUMMARY, METRICS, ROLLOUT, read_artifact, read_metadata
+from zsearch_cli.artifacts import read_artifact, read_metadata
+from zsearch_cli.schemas import EVAL_SUMMARY, METRICS, ROLLOUT
 
 runner = CliRunner()
 

@@ -13,7 +13,8 @@ from zsearch_cli.retrieval.base import Passage
 from zsearch_cli.config.parts import RolloutOptions
 from zsearch_cli.rollout.engine import QARow
 from zsearch_cli.rollout.protocols import TagsProtocol, ToolCallProtocol
-from zsearch_cli.schemas import TRAJECTORY, read_artifact, read_metadata
+from zsearch_cli.artifacts import read_artifact, read_metadata
+from zsearch_cli.schemas import TRAJECTORY
 from zsearch_cli.commands.warmup import teacher_trajectories
 
 from helpers import RecordingSearch

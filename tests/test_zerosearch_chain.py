@@ -30,8 +30,8 @@ from typer.testing import CliRunner
 from zsearch_cli.cli import app
 from zsearch_cli.retrieval.server import serving
 from zsearch_cli.rollout.protocols import PROTOCOLS
-from zsearch_cli.schemas import (COLLECTED_QUERY, EVAL_EXAMPLE, EVAL_SUMMARY, JUDGMENT, METRICS, ROLLOUT, SFT_EXAMPLE,
-                                 read_artifact, read_metadata, write_artifact)
+from zsearch_cli.artifacts import read_artifact, read_metadata, write_artifact
+from zsearch_cli.schemas import COLLECTED_QUERY, EVAL_EXAMPLE, EVAL_SUMMARY, JUDGMENT, METRICS, ROLLOUT, SFT_EXAMPLE
 from zsearch_cli.search.curriculum import noise_probability
 
 runner = CliRunner()

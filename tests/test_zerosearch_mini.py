@@ -19,7 +19,8 @@ import pytest
 from typer.testing import CliRunner
 
 from zsearch_cli.cli import app
-from zsearch_cli.schemas import COLLECTED_QUERY, JUDGMENT, SFT_EXAMPLE, SIM_CONTROL, read_artifact, write_artifact
+from zsearch_cli.artifacts import read_artifact, write_artifact
+from zsearch_cli.schemas import COLLECTED_QUERY, JUDGMENT, SFT_EXAMPLE, SIM_CONTROL
 from zsearch_cli.train import zerosearch_mini as mini
 
 REPO = Path(__file__).resolve().parents[1]

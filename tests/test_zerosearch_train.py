@@ -11,7 +11,8 @@ import pytest
 from typer.testing import CliRunner
 
 from zsearch_cli.cli import app
-from zsearch_cli.schemas import EVAL_EXAMPLE, METRICS, read_artifact, read_metadata
+from zsearch_cli.artifacts import read_artifact, read_metadata
+from zsearch_cli.schemas import EVAL_EXAMPLE, METRICS
 from zsearch_cli.search.curriculum import noise_probability
 from zsearch_cli.search.factory import make_search_backend
 from zsearch_cli.train.config import TrainConfig, search_options

@@ -112,7 +112,8 @@ def average_rows(summaries: Sequence[dict[str, Any]], leave_out: Collection[str]
 def write_averages(out: Path, rows: Sequence[dict[str, Any]], config: dict[str, Any]) -> list[Path]:
     """OUT/METHOD.averages.summary.parquet, each method's two rows: beside the dataset
     folders, where ``*.summary.parquet`` (em.png, ``export --eval``) finds them."""
-    from zsearch_cli.schemas import EVAL_SUMMARY, write_artifact
+    from zsearch_cli.artifacts import write_artifact
+    from zsearch_cli.schemas import EVAL_SUMMARY
 
     return [write_artifact([r for r in rows if r["method"] == m], Path(out) / f"{m}.averages.summary.parquet",
                            EVAL_SUMMARY, config) for m in dict.fromkeys(r["method"] for r in rows)]

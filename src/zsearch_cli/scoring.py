@@ -16,7 +16,8 @@ from zsearch_cli.averages import standard_size
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.rewards import score_answer
 from zsearch_cli.rollout.trajectory import Trajectory
-from zsearch_cli.schemas import EVAL_EXAMPLE, rows_to_table
+from zsearch_cli.artifacts import rows_to_table
+from zsearch_cli.schemas import EVAL_EXAMPLE
 
 
 def example_rows(dataset: str, method: str, trajs: Sequence[Trajectory]) -> list[dict[str, Any]]:

@@ -5,7 +5,7 @@ server's messages, QA files, corpora. One line naming the field, never a traceba
   encoded as UTF-8: tokenizers and pyarrow raise ``UnicodeEncodeError`` deep inside.
 - A NUL character passes UTF-8 but truncates C strings and is never real text in a question
   or a passage.
-- Invalid UTF-8 in a file is caught where the file is decoded (``schemas.iter_jsonl``).
+- Invalid UTF-8 in a file is caught where the file is decoded (``artifacts.iter_jsonl``).
 """
 
 from __future__ import annotations

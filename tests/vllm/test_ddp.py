@@ -30,7 +30,8 @@ from typer.testing import CliRunner
 
 from zsearch_cli.cli import app
 from zsearch_cli.models.base import LOGP_TOLERANCE
-from zsearch_cli.schemas import METRICS, ROLLOUT, read_artifact
+from zsearch_cli.artifacts import read_artifact
+from zsearch_cli.schemas import METRICS, ROLLOUT
 
 TOL = LOGP_TOLERANCE["float32"]
 PROMPTS = ("Who wrote the novel?", "The river flows")

@@ -21,7 +21,8 @@ from typer.testing import CliRunner
 
 from zsearch_cli.cli import app
 from zsearch_cli.models.base import SamplingParams
-from zsearch_cli.schemas import COLLECTED_QUERY, JUDGMENT, read_artifact, write_artifact
+from zsearch_cli.artifacts import read_artifact, write_artifact
+from zsearch_cli.schemas import COLLECTED_QUERY, JUDGMENT
 
 SERVED = "tiny"
 GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0)

@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 
 from zsearch_cli.cli import app
 from zsearch_cli.models.base import LOGP_TOLERANCE
-from zsearch_cli.schemas import METRICS, read_artifact
+from zsearch_cli.artifacts import read_artifact
+from zsearch_cli.schemas import METRICS
 
 TOL = LOGP_TOLERANCE["float32"]
 

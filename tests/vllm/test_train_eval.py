@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 from zsearch_cli.cli import app
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.models.base import LOGP_TOLERANCE
-from zsearch_cli.schemas import EVAL_EXAMPLE, METRICS, read_artifact
+from zsearch_cli.artifacts import read_artifact
+from zsearch_cli.schemas import EVAL_EXAMPLE, METRICS
 
 TOL = LOGP_TOLERANCE["float32"]
 SMALL = ["--max-turn-tokens", "16", "--max-turns", "2", "--device", "cpu"]

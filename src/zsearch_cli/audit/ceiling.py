@@ -16,7 +16,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from zsearch_cli.audit.corpus import AUDIT_VERSION, DEPTH
-from zsearch_cli.schemas import AUDIT_EXAMPLE, AUDIT_SUMMARY, read_artifact
+from zsearch_cli.artifacts import read_artifact
+from zsearch_cli.schemas import AUDIT_EXAMPLE, AUDIT_SUMMARY
 
 AUDIT_DIR = "audit"
 EXAMPLES_FILE = "audit.examples.parquet"

@@ -29,7 +29,8 @@ from zsearch_cli.audit.behaviour import example_measures, list_warning
 from zsearch_cli.audit.ceiling import Ceiling, default_audit_dir, find_ceiling, gold_passages
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.protocol import Protocol
-from zsearch_cli.schemas import PROBE_SUMMARY, write_artifact
+from zsearch_cli.artifacts import write_artifact
+from zsearch_cli.schemas import PROBE_SUMMARY
 from zsearch_cli.search.probes import parse_probes, probe_backend
 
 SEARCHING_METHODS = ("agent", "rag")

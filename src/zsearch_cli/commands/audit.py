@@ -30,7 +30,8 @@ from zsearch_cli.data.qa import load_qa
 from zsearch_cli.progress import ProgressLines, heartbeat, progress_bar
 from zsearch_cli.protocol import file_fingerprint
 from zsearch_cli.retrieval.settings import index_settings
-from zsearch_cli.schemas import AUDIT_EXAMPLE, AUDIT_SUMMARY, write_artifact
+from zsearch_cli.artifacts import write_artifact
+from zsearch_cli.schemas import AUDIT_EXAMPLE, AUDIT_SUMMARY
 
 
 def run_audit(opts: AuditOptions, config: dict[str, Any]) -> list[dict[str, Any]]:

@@ -34,7 +34,8 @@ from zsearch_cli.progress import progress_bar
 from zsearch_cli.config.commands import CollectOptions
 from zsearch_cli.rewards import score_answer
 from zsearch_cli.rollout.trajectory import Trajectory
-from zsearch_cli.schemas import COLLECTED_QUERY, TRAJECTORY, read_artifact, read_metadata, write_artifact
+from zsearch_cli.artifacts import read_artifact, read_metadata, write_artifact
+from zsearch_cli.schemas import COLLECTED_QUERY, TRAJECTORY
 
 console = Console(stderr=True)
 

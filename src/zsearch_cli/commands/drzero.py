@@ -231,7 +231,8 @@ class Loop:
         return {}
 
     def generate(self, rec: dict[str, Any]) -> dict[str, Any]:
-        from zsearch_cli.schemas import PROPOSED_QA, read_artifact
+        from zsearch_cli.artifacts import read_artifact
+        from zsearch_cli.schemas import PROPOSED_QA
         from zsearch_cli.commands.propose import GenerateOptions, generate_questions
 
         o = self.opts

@@ -16,8 +16,8 @@ from zsearch_cli.data.qa import NO_GROUPING, dataset_key, group_labels, load_qa,
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.protocol import METRIC_VERSION, Protocol, file_fingerprint
 from zsearch_cli.rewards import score_answer
-from zsearch_cli.schemas import (EVAL_EXAMPLE, EVAL_SUMMARY, PREDICTIONS, file_kind, jsonl_rows,
-                                 read_parquet, rows_to_table, validate, write_artifact)
+from zsearch_cli.artifacts import file_kind, jsonl_rows, read_parquet, rows_to_table, validate, write_artifact
+from zsearch_cli.schemas import EVAL_EXAMPLE, EVAL_SUMMARY, PREDICTIONS
 from zsearch_cli.scoring import dataset_dir, summarize
 
 

@@ -12,7 +12,8 @@ from rich.table import Table
 
 from zsearch_cli.averages import KINDS, label, legend, n_cell
 from zsearch_cli.protocol import Protocol
-from zsearch_cli.schemas import EVAL_SUMMARY, read_artifact
+from zsearch_cli.artifacts import read_artifact
+from zsearch_cli.schemas import EVAL_SUMMARY
 
 # A log file or pipe gets rich's default 80 columns, which squeezes the 10-column table
 # into one letter per line; a terminal keeps its own width.

@@ -45,7 +45,8 @@ from zsearch_cli.errors import ZsearchError
 from zsearch_cli.progress import ProgressLines, Stopped, active_stop, heartbeat, progress_bar
 from zsearch_cli.prompts.baselines import COT_PROMPT, DIRECT_PROMPT, RAG_PROMPT
 from zsearch_cli.protocol import RESUME_FIELDS, Protocol, build_protocol, differing, file_fingerprint
-from zsearch_cli.schemas import EVAL_EXAMPLE, EVAL_SUMMARY, read_artifact, read_metadata, rows_to_table, write_artifact
+from zsearch_cli.artifacts import read_artifact, read_metadata, rows_to_table, write_artifact
+from zsearch_cli.schemas import EVAL_EXAMPLE, EVAL_SUMMARY
 from zsearch_cli.scoring import dataset_dir, example_rows, summarize
 
 

@@ -71,7 +71,7 @@ def run_info(model_dir: Path, kind: str, run: Path | None) -> tuple[dict[str, An
     run's metrics.parquet metadata (empty / None where neither says)."""
     import pyarrow.parquet as pq
 
-    from zsearch_cli.schemas import read_metadata
+    from zsearch_cli.artifacts import read_metadata
     from zsearch_cli.train.checkpoint import checkpoints, read_state
 
     config: dict[str, Any] = {}
@@ -103,7 +103,8 @@ def run_info(model_dir: Path, kind: str, run: Path | None) -> tuple[dict[str, An
 
 def eval_rows(*folders: Path | None) -> list[dict[str, Any]]:
     """Every EVAL_SUMMARY row under the folders (a run folder, a `zsearch eval --out` folder)."""
-    from zsearch_cli.schemas import EVAL_SUMMARY, read_artifact
+    from zsearch_cli.artifacts import read_artifact
+    from zsearch_cli.schemas import EVAL_SUMMARY
 
     rows = []
     for folder in folders:

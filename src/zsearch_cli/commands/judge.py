@@ -31,7 +31,8 @@ from zsearch_cli.config.commands import JudgeOptions
 from zsearch_cli.commands.judge_rules import is_rule, rule_judge
 from zsearch_cli.prompts.judge import (JUDGE_PROMPT_VERSION, LABELS, VERDICT_PREFILL, build_judge_prompt,
                                        parse_verdict)
-from zsearch_cli.schemas import COLLECTED_QUERY, JUDGMENT, read_artifact, read_metadata, write_artifact
+from zsearch_cli.artifacts import read_artifact, read_metadata, write_artifact
+from zsearch_cli.schemas import COLLECTED_QUERY, JUDGMENT
 
 console = Console(stderr=True)
 

@@ -233,7 +233,8 @@ def generate_questions(opts: GenerateOptions, out: Any, config: dict[str, Any]) 
     from rich.console import Console
 
     from zsearch_cli.progress import progress_bar
-    from zsearch_cli.schemas import PROPOSED_QA, write_artifact
+    from zsearch_cli.artifacts import write_artifact
+    from zsearch_cli.schemas import PROPOSED_QA
 
     check_options(opts)  # the declared ranges and choices: the same check as the command line's
     check_proposer_prompt(opts.proposer.proposer_prompt, opts.proposer.hop_ratio)  # before any model loads

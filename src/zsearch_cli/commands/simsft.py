@@ -35,7 +35,8 @@ from rich.console import Console
 
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.prompts import SIMULATOR_QUALITIES, render_simulator_prompt
-from zsearch_cli.schemas import JUDGMENT, SFT_EXAMPLE, read_artifact, write_artifact
+from zsearch_cli.artifacts import read_artifact, write_artifact
+from zsearch_cli.schemas import JUDGMENT, SFT_EXAMPLE
 from zsearch_cli.search.sim_text import SFT_DOCS, SIM_CHAT_TEMPLATE, parse_documents
 from zsearch_cli.train.sft_config import SFTConfig
 

@@ -89,7 +89,8 @@ def build_warmup_data(opts: WarmupOptions, config: dict[str, Any]) -> Path:
     from zsearch_cli.data.qa import load_qa
     from zsearch_cli.models.loading import load_tokenizer
     from zsearch_cli.rollout.protocols import get_protocol
-    from zsearch_cli.schemas import TRAJECTORY, write_artifact
+    from zsearch_cli.artifacts import write_artifact
+    from zsearch_cli.schemas import TRAJECTORY
     from zsearch_cli.rollout.build import make_search
 
     protocol = get_protocol(opts.rollout.protocol)

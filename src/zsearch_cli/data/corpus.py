@@ -20,7 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.schemas import CORPUS, ArtifactWriter, _check_unique, file_kind, iter_jsonl
+from zsearch_cli.artifacts import ArtifactWriter, check_unique, file_kind, iter_jsonl
+from zsearch_cli.schemas import CORPUS
 
 BATCH_ROWS = 50_000
 CONTENTS_FIELD = pa.field("contents", pa.string())
@@ -161,7 +162,7 @@ def ingest_corpus(src: str | Path, out: str | Path, config: dict[str, Any] | Non
             raise ZsearchError(f"{src}: file has no rows (expected a corpus)")
     ids = pq.read_table(out, columns=["id"], memory_map=True).column("id")
     try:
-        _check_unique(ids, "id", str(src))
+        check_unique(ids, "id", str(src))
     except ZsearchError:
         out.unlink(missing_ok=True)
         raise

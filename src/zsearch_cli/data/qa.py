@@ -16,7 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.schemas import QA, file_kind, iter_jsonl, read_artifact, read_parquet, validate
+from zsearch_cli.artifacts import file_kind, iter_jsonl, read_artifact, read_parquet, validate
+from zsearch_cli.schemas import QA
 
 # The evaluation splits of docs/methods.md §6: NQ/TriviaQA/PopQA/Bamboogle test, the rest dev.
 BENCHMARK_SPLITS: dict[str, str] = {

@@ -23,7 +23,7 @@ from zsearch_cli.errors import ZsearchError
 from zsearch_cli.progress import err_console
 from zsearch_cli.retrieval.index_format import (CORPUS_FILE, FORMAT, KINDS, MANIFEST, corpus_batches, open_corpus,
                                                 seal_part)
-from zsearch_cli.schemas import _check_unique
+from zsearch_cli.artifacts import check_unique
 
 DEFAULTS: dict[str, Any] = {
     "kind": "bm25", "bm25_backend": "bm25s", "bm25_preset": "zsearch", "k1": 1.2, "b": 0.75,
@@ -124,7 +124,7 @@ def _write_corpus(src: Path, dest: Path) -> tuple[int, str]:
     table = open_corpus(dest)
     if table.num_rows == 0:
         raise ZsearchError(f"{src}: file has no rows (expected a corpus)")
-    _check_unique(table.column("id"), "id", str(src))
+    check_unique(table.column("id"), "id", str(src))
     return table.num_rows, fingerprint
 
 

@@ -64,7 +64,8 @@ def _eval_summary(folder: Path) -> dict[str, Any]:
 
 def _training(run_dir: Path, batch_size: int) -> dict[str, float | None]:
     """The proposer's HRPO steps: mean difficulty reward and the per-sample gate pass rate."""
-    from zsearch_cli.schemas import METRICS, read_artifact
+    from zsearch_cli.artifacts import read_artifact
+    from zsearch_cli.schemas import METRICS
 
     path = run_dir / "metrics.parquet"
     if not path.is_file():
@@ -79,7 +80,8 @@ def _training(run_dir: Path, batch_size: int) -> dict[str, float | None]:
 
 def iteration(out: Path, rec: dict[str, Any], options: dict[str, Any]) -> dict[str, Any] | None:
     """One finished iteration's measures (None while its generate step is not done)."""
-    from zsearch_cli.schemas import PROPOSED_QA, read_artifact
+    from zsearch_cli.artifacts import read_artifact
+    from zsearch_cli.schemas import PROPOSED_QA
 
     gen = rec.get("generate") or {}
     if gen.get("status") != "done":

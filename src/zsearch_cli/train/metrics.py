@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 from zsearch_cli.averages import PLAIN_LABEL, WEIGHTED_LABEL
 from zsearch_cli.errors import ZsearchError
 from zsearch_cli.protocol import Protocol, training_protocol
-from zsearch_cli.schemas import METRIC_COLUMNS, METRICS, read_artifact, write_artifact
+from zsearch_cli.artifacts import read_artifact, write_artifact
+from zsearch_cli.schemas import METRIC_COLUMNS, METRICS
 
 if TYPE_CHECKING:  # `zsearch plot` reads metrics without importing torch
     from zsearch_cli.train.step_samples import StepSamples

@@ -28,7 +28,8 @@ from typing import Any
 import numpy as np
 
 from zsearch_cli.errors import ZsearchError
-from zsearch_cli.schemas import SFT_EXAMPLE, TRAJECTORY, file_kind, iter_jsonl, read_artifact
+from zsearch_cli.artifacts import file_kind, iter_jsonl, read_artifact
+from zsearch_cli.schemas import SFT_EXAMPLE, TRAJECTORY
 
 IGNORE = -100
 """Label of a position without loss (torch's cross-entropy ``ignore_index``)."""

@@ -307,7 +307,8 @@ class Trainer:
         return average_over_processes(gather_object([row]))
 
     def _save_rollouts(self, step: int, samples: list[Sample]) -> None:
-        from zsearch_cli.schemas import ROLLOUT, write_artifact
+        from zsearch_cli.artifacts import write_artifact
+        from zsearch_cli.schemas import ROLLOUT
 
         rows = [s.to_row() for s in samples]
         suffix = f".rank{self.accelerator.process_index}" if self.accelerator.num_processes > 1 else ""

@@ -111,7 +111,8 @@ class Validator:
         return {**out, "time/val": time.perf_counter() - t0}
 
     def _write(self, step: int, examples: list[dict[str, Any]], rank: int, world: int) -> None:
-        from zsearch_cli.schemas import EVAL_EXAMPLE, EVAL_SUMMARY, rows_to_table, write_artifact
+        from zsearch_cli.artifacts import rows_to_table, write_artifact
+        from zsearch_cli.schemas import EVAL_EXAMPLE, EVAL_SUMMARY
 
         if not examples:
             return

@@ -50,7 +50,8 @@ GOALS = {
 def control(spec: str, eval_dir: Path, topk: int, out: Path, limit: int | None = None) -> dict[str, Any]:
     """Measure the simulator ``spec`` on the held-out queries of ``eval_dir``; write
     ``out/control.parquet``; returns :func:`~zsearch_cli.audit.controllability.shares`."""
-    from zsearch_cli.schemas import SIM_CONTROL, write_artifact
+    from zsearch_cli.artifacts import write_artifact
+    from zsearch_cli.schemas import SIM_CONTROL
     from zsearch_cli.audit.controllability import heldout_requests, measure, shares
     from zsearch_cli.search.factory import is_simulated, make_search_backend
 
@@ -81,7 +82,8 @@ def _stage_seconds(out: Path) -> dict[str, float]:
 
 def _labels(path: Path) -> tuple[dict[str, str | None], str | None]:
     """(row id -> label, the judge's name) of a judgments file."""
-    from zsearch_cli.schemas import JUDGMENT, read_artifact
+    from zsearch_cli.artifacts import read_artifact
+    from zsearch_cli.schemas import JUDGMENT
 
     if not path.is_file():
         raise ZsearchError(f"{path}: no judgments (has the judge stage run?)")
@@ -108,7 +110,8 @@ def compare_judges(lm: dict[str, str | None], rule: dict[str, str | None]) -> di
 
 
 def _control(out: Path, name: str) -> dict[str, Any]:
-    from zsearch_cli.schemas import SIM_CONTROL, read_artifact
+    from zsearch_cli.artifacts import read_artifact
+    from zsearch_cli.schemas import SIM_CONTROL
     from zsearch_cli.audit.controllability import shares
 
     path = out / name / "control.parquet"
@@ -135,7 +138,8 @@ def _rl(out: Path) -> dict[str, Any]:
 
 
 def _simsft(out: Path) -> dict[str, Any]:
-    from zsearch_cli.schemas import SFT_EXAMPLE, read_artifact, read_metadata
+    from zsearch_cli.artifacts import read_artifact, read_metadata
+    from zsearch_cli.schemas import SFT_EXAMPLE
 
     path = out / "simsft" / "sim_sft.parquet"
     if not path.is_file():
